@@ -1,0 +1,58 @@
+"""rollout-tracer: trace agentic RL rollouts (verl-style) at near-zero cost to the rollout.
+
+    import tracer
+
+    tracer.init({"backend": "mlflow", "project_name": "gsm8k", "token2text": True,
+                 "max_samples_per_step_per_worker": 8})
+
+    @tracer.trace_op(kind="generate")
+    async def generate(self, prompt_ids, sampling_params): ...
+
+    with tracer.trace_attr(step=step, sample_index=i, rollout_n=k):
+        await agent_loop.run(...)
+
+    tracer.flush()  # e.g. at the end of a training step
+
+Importing this package imports none of mlflow, weave, torch or transformers.
+"""
+
+from tracer.config import ConfigError, TraceConfig
+from tracer.core import (
+    Tracer,
+    TracerInitError,
+    flush,
+    get_tracer,
+    init,
+    metrics,
+    register_tokenizer,
+    reset,
+    shutdown,
+)
+from tracer.ops import current_trajectory, trace_attr, trace_op
+from tracer.record import SCHEMA_VERSION, SpanRecord, TrajectoryRecord
+from tracer.verl_compat import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ConfigError",
+    "RolloutTraceConfig",
+    "SpanRecord",
+    "TraceConfig",
+    "Tracer",
+    "TracerInitError",
+    "TrajectoryRecord",
+    "current_trajectory",
+    "flush",
+    "get_tracer",
+    "init",
+    "metrics",
+    "register_tokenizer",
+    "reset",
+    "rollout_trace_attr",
+    "rollout_trace_op",
+    "shutdown",
+    "trace_attr",
+    "trace_op",
+]

@@ -1,0 +1,141 @@
+"""Tracer configuration: one dataclass, validated once at init, errors that list valid values."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which values are accepted."""
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class TraceConfig:
+    """Everything the tracer can be told. Field names follow verl's ``rollout.trace`` section.
+
+    Example::
+
+        tracer.init(TraceConfig(backend="mlflow", project_name="gsm8k", experiment_name="grpo",
+                                token2text=True, max_samples_per_step_per_worker=8))
+    """
+
+    # verl's names
+    backend: str | list[str] | None = "mlflow"
+    token2text: bool = False
+    max_samples_per_step_per_worker: int | None = None
+    project_name: str = "rollout-tracer"
+    experiment_name: str = "default"
+    # sampling
+    sampling_seed: int = 0
+    # hot-path buffer: finished trajectories waiting for the background pipeline
+    max_buffer_trajectories: int = 10_000
+    max_buffer_bytes: int = 512 * 1024 * 1024
+    # per-field payload limit: longer strings / lists are truncated with a marker
+    max_field_chars: int = 200_000
+    max_list_items: int = 20_000
+    # background export
+    flush_interval_s: float = 1.0
+    export_batch_size: int = 256
+    export_max_retries: int = 3
+    export_timeout_s: float = 30.0
+    # identity
+    worker_id: str = field(default_factory=_default_worker_id)
+    # backend options
+    tracking_uri: str | None = None  # mlflow; default: MLFLOW_TRACKING_URI, then ./mlflow.db
+    jsonl_path: str | None = None  # jsonl; default: ./traces/<project>/<experiment>.jsonl
+    otlp_endpoint: str | None = None  # otlp; default: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+    otlp_headers: dict[str, str] = field(default_factory=dict)
+    weave_entity: str | None = None
+    # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
+    on_backend_error: str = "raise"
+    # raise tracer-internal errors instead of logging them (the project's own tests set it)
+    raise_internal_errors: bool = False
+
+    def __post_init__(self) -> None:
+        self.backend = _normalize_backends(self.backend)
+        if self.max_samples_per_step_per_worker is not None:
+            n = self.max_samples_per_step_per_worker
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ConfigError(
+                    "max_samples_per_step_per_worker must be None (trace all), 0 (trace none) "
+                    f"or a positive integer, got {n!r}"
+                )
+        for name in (
+            "max_buffer_trajectories",
+            "max_buffer_bytes",
+            "max_field_chars",
+            "max_list_items",
+            "export_batch_size",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not (self.flush_interval_s > 0):
+            raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s!r}")
+        if self.export_max_retries < 0:
+            raise ConfigError(f"export_max_retries must be >= 0, got {self.export_max_retries!r}")
+        if self.on_backend_error not in ("raise", "warn"):
+            raise ConfigError(
+                f"on_backend_error must be 'raise' or 'warn', got {self.on_backend_error!r}"
+            )
+
+    @property
+    def backends(self) -> list[str]:
+        assert isinstance(self.backend, list)
+        return self.backend
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.backends) and self.max_samples_per_step_per_worker != 0
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> TraceConfig:
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise ConfigError(f"unknown trace config key(s) {unknown}; valid keys: {sorted(valid)}")
+        return cls(**dict(data))
+
+    @classmethod
+    def coerce(
+        cls, config: TraceConfig | Mapping[str, Any] | None, **overrides: Any
+    ) -> TraceConfig:
+        if config is None:
+            config = {}
+        if isinstance(config, TraceConfig):
+            return dataclasses.replace(config, **overrides) if overrides else config
+        if isinstance(config, Mapping):
+            return cls.from_mapping({**dict(config), **overrides})
+        raise ConfigError(f"config must be a TraceConfig or a mapping, got {type(config).__name__}")
+
+
+def _normalize_backends(backend: Any) -> list[str]:
+    from tracer.backends import available_backends
+
+    if backend is None:
+        return []
+    if isinstance(backend, str):
+        names = [b.strip() for b in backend.split(",")] if "," in backend else [backend.strip()]
+    elif isinstance(backend, (list, tuple)):
+        names = [str(b).strip() for b in backend]
+    else:
+        raise ConfigError(f"backend must be a name or a list of names, got {backend!r}")
+    names = [n.lower() for n in names if n and n.lower() not in ("none", "null", "off")]
+    valid = available_backends()
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ConfigError(f"unknown trace backend(s) {bad}; valid backends: {sorted(valid)}")
+    seen: list[str] = []
+    for n in names:
+        if n not in seen:
+            seen.append(n)
+    return seen

@@ -1,0 +1,173 @@
+"""The Tracer object and the module-level default that the public functions use."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from tracer.backends import create_exporter
+from tracer.config import ConfigError, TraceConfig
+from tracer.sampling import Sampler
+
+log = logging.getLogger("tracer")
+
+
+class TracerInitError(RuntimeError):
+    """A backend could not be started (missing package, unreachable server, bad credentials)."""
+
+
+class Tracer:
+    """Holds a config, the sampler and the background pipeline. Most users never touch it:
+    ``tracer.init(config)`` builds one and makes it the default."""
+
+    def __init__(self, config: TraceConfig | Mapping[str, Any] | None = None, **overrides: Any):
+        if config is None and not overrides:
+            self.config = TraceConfig(backend=None)  # the default before init(): tracing off
+        else:
+            self.config = TraceConfig.coerce(config, **overrides)
+        self.sampler = Sampler(
+            self.config.max_samples_per_step_per_worker, self.config.sampling_seed
+        )
+        self.tokenizer: Any = None
+        self.pipeline: Any = None
+        self.active = False
+
+    def start(self) -> Tracer:
+        """Create the backends (so configuration and connection errors surface here)."""
+        if not self.config.enabled:
+            return self
+        from tracer.pipeline import Pipeline
+
+        factories = []
+        for name in self.config.backends:
+            try:
+                exporter = create_exporter(name, self.config)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                msg = (
+                    f"rollout-tracer: backend {name!r} could not start: {type(exc).__name__}: {exc}"
+                )
+                if isinstance(exc, ImportError):
+                    msg += f" (install it with: pip install 'rollout-tracer[{name}]')"
+                if self.config.on_backend_error == "raise":
+                    raise TracerInitError(msg) from exc
+                log.warning("%s; tracing goes on without it (on_backend_error='warn')", msg)
+                continue
+            factories.append(_Once(exporter, name, self.config))
+        if not factories:
+            return self
+        self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
+        self.active = True
+        return self
+
+    # hot path
+    def admit(self, step: Any, sample_index: Any, validate: bool) -> tuple[bool, Any]:
+        return self.sampler.admit(step, sample_index, validate)
+
+    def submit(self, traj: Any) -> None:
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        try:
+            pipeline.submit(traj)
+        except Exception as exc:  # never let the tracer break the rollout
+            pipeline.errors.report("submitting a trajectory", exc)
+
+    # control
+    def flush(self, timeout_s: float | None = None) -> bool:
+        if self.pipeline is None:
+            return True
+        return bool(self.pipeline.flush(timeout_s or self.config.export_timeout_s))
+
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        self.active = False
+        if self.pipeline is None:
+            return True
+        ok = bool(self.pipeline.shutdown(timeout_s or self.config.export_timeout_s))
+        self.pipeline = None
+        return ok
+
+    def metrics(self) -> dict[str, Any]:
+        return self.pipeline.metrics() if self.pipeline is not None else {}
+
+
+class _Once:
+    """Exporter factory: the first call returns the exporter made at init (so its errors
+    surfaced there); later calls (in a forked child) build a fresh one."""
+
+    def __init__(self, exporter: Any, name: str, config: TraceConfig) -> None:
+        self.exporter: Any = exporter
+        self.name = name
+        self.config = config
+
+    def __call__(self) -> Any:
+        exporter, self.exporter = self.exporter, None
+        return exporter if exporter is not None else create_exporter(self.name, self.config)
+
+
+_lock = threading.Lock()
+_default = Tracer()
+_atexit_registered = False
+
+
+def get_tracer() -> Tracer:
+    return _default
+
+
+def init(config: TraceConfig | Mapping[str, Any] | None = None, **overrides: Any) -> Tracer:
+    """Configure tracing for this process and make it the default. Replaces (and flushes) any
+    previous tracer. Raises ``ConfigError`` for bad values and ``TracerInitError`` when a
+    backend cannot start.
+
+    Example::
+
+        tracer.init({"backend": "mlflow", "project_name": "gsm8k", "token2text": True})
+    """
+    global _default, _atexit_registered
+    new = Tracer(config if config is not None else {}, **overrides).start()
+    with _lock:
+        old, _default = _default, new
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
+    old.shutdown()
+    return new
+
+
+def flush(timeout_s: float | None = None) -> bool:
+    """Block until every finished trajectory so far is exported; False on timeout."""
+    return _default.flush(timeout_s)
+
+
+def shutdown(timeout_s: float | None = None) -> bool:
+    """Flush and stop the background workers; tracing is off afterwards until ``init``."""
+    return _default.shutdown(timeout_s)
+
+
+def reset() -> None:
+    """Shut down the default tracer and replace it with a disabled one (for tests)."""
+    global _default
+    with _lock:
+        old, _default = _default, Tracer()
+    old.shutdown()
+
+
+def register_tokenizer(tokenizer: Any) -> None:
+    """Tokenizer for token2text when the traced object has no ``tokenizer`` attribute."""
+    _default.tokenizer = tokenizer
+
+
+def metrics() -> dict[str, Any]:
+    """Counters to log beside training metrics: exported, dropped, queue depth, ..."""
+    return _default.metrics()
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        _default.shutdown()
+    except Exception:  # interpreter teardown: nothing left to report to
+        pass

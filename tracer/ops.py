@@ -1,0 +1,415 @@
+"""The hot path: ``trace_attr`` opens a trajectory, ``@trace_op`` records spans inside it.
+
+Per call, a traced op only timestamps, snapshots its arguments and result (see
+``tracer.snapshot``) and appends a span to its trajectory; an op outside a sampled trajectory
+costs one context-variable read. Finished trajectories are handed to the tracer's buffer,
+whose put never blocks. Everything expensive happens in the background pipeline.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import random
+import time
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from typing import Any, TypeVar
+
+from tracer.record import KINDS
+from tracer.snapshot import snapshot, snapshot_args
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Span:
+    __slots__ = (
+        "attributes",
+        "end_ns",
+        "error",
+        "inputs",
+        "kind",
+        "name",
+        "outputs",
+        "parent_id",
+        "span_id",
+        "start_ns",
+        "tokenizer",
+    )
+
+    def __init__(self, name: str, kind: str, parent_id: str | None, inputs: Any) -> None:
+        self.span_id = f"{random.getrandbits(64):016x}"
+        self.parent_id = parent_id
+        self.name = name
+        self.kind = kind
+        self.inputs = inputs
+        self.outputs: Any = None
+        self.error: BaseException | None = None
+        self.attributes: dict[str, Any] | None = None
+        self.tokenizer: Any = None
+        self.end_ns = 0
+        self.start_ns = time.time_ns()
+
+    def set_attr(self, key: str, value: Any) -> None:
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+
+class Trajectory:
+    """A trajectory being recorded. Only the tracer's own code touches its fields."""
+
+    __slots__ = (
+        "attributes",
+        "nbytes",
+        "policy_version",
+        "rollout_n",
+        "root",
+        "sample_index",
+        "spans",
+        "step",
+        "trace_id",
+        "tracer",
+        "validate",
+    )
+
+    def __init__(
+        self,
+        tracer: Any,
+        name: str,
+        step: Any,
+        sample_index: Any,
+        rollout_n: Any,
+        validate: bool,
+        policy_version: Any,
+        attributes: dict[str, Any],
+    ) -> None:
+        self.tracer = tracer
+        self.trace_id = f"{random.getrandbits(128):032x}"
+        self.step = step
+        self.sample_index = sample_index
+        self.rollout_n = rollout_n
+        self.validate = validate
+        self.policy_version = policy_version
+        self.attributes = attributes
+        self.root = _Span(name, "trajectory", None, None)
+        self.spans: list[_Span] = [self.root]
+        self.nbytes = 512
+
+
+class _Frame:
+    """What the context variable holds: the trajectory (None = not traced) and the parent span."""
+
+    __slots__ = ("span_id", "traj")
+
+    def __init__(self, traj: Trajectory | None, span_id: str | None) -> None:
+        self.traj = traj
+        self.span_id = span_id
+
+
+_NOT_TRACED = _Frame(None, None)  # not sampled, or tracing off
+_DISABLED = _Frame(None, None)  # inside trace_attr(trace=False): nested trajectories stay off
+_current: ContextVar[_Frame | None] = ContextVar("rollout_tracer_frame", default=None)
+
+
+def current_trajectory() -> Trajectory | None:
+    frame = _current.get()
+    return frame.traj if frame is not None else None
+
+
+class trace_attr:
+    """Open one trajectory: the root span of one trace, with its step and sample attributes.
+
+    Works as ``with`` and ``async with``; contextvars carry it into nested calls and asyncio
+    tasks. ``trace=False`` turns off every op nested inside.
+
+    Example::
+
+        with tracer.trace_attr(step=3, sample_index=i, rollout_n=k):
+            await agent_loop.run(messages)
+    """
+
+    __slots__ = ("_token", "_traj", "kwargs")
+
+    def __init__(
+        self,
+        step: Any = None,
+        sample_index: Any = None,
+        rollout_n: Any = None,
+        validate: bool = False,
+        name: str = "trajectory",
+        trace: bool = True,
+        policy_version: Any = None,
+        **attributes: Any,
+    ) -> None:
+        self.kwargs = (
+            step,
+            sample_index,
+            rollout_n,
+            validate,
+            name,
+            trace,
+            policy_version,
+            attributes,
+        )
+        self._token: Token[_Frame | None] | None = None
+        self._traj: Trajectory | None = None
+
+    def __enter__(self) -> Trajectory | None:
+        from tracer.core import get_tracer
+
+        step, sample_index, rollout_n, validate, name, trace, policy_version, attrs = self.kwargs
+        tracer = get_tracer()
+        frame = _NOT_TRACED
+        if not trace or _current.get() is _DISABLED:
+            frame = _DISABLED
+        elif tracer.active:
+            traced, sample_index = tracer.admit(step, sample_index, validate)
+            if traced:
+                self._traj = Trajectory(
+                    tracer,
+                    name,
+                    step,
+                    sample_index,
+                    rollout_n,
+                    bool(validate),
+                    policy_version,
+                    attrs,
+                )
+                frame = _Frame(self._traj, self._traj.root.span_id)
+        self._token = _current.set(frame)
+        return self._traj
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self._token is not None:
+            try:
+                _current.reset(self._token)
+            except ValueError:  # exited in another context (a generator resumed elsewhere)
+                _current.set(None)
+            self._token = None
+        traj = self._traj
+        if traj is not None:
+            self._traj = None
+            traj.root.end_ns = time.time_ns()
+            if exc is not None:
+                traj.root.error = exc
+            traj.tracer.submit(traj)
+
+    async def __aenter__(self) -> Trajectory | None:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Span:
+    traj = frame.traj
+    assert traj is not None
+    tracer = traj.tracer
+    max_items = tracer.config.max_list_items
+    try:
+        if op.fast_names is not None and len(args) <= len(op.fast_names):
+            bound = dict(zip(op.fast_names, args))
+            if kwargs:
+                bound.update(kwargs)
+        else:
+            bound = dict(op.signature.bind_partial(*args, **kwargs).arguments)
+        names = tuple(k for k in bound if k not in op.skip)
+        inputs, nbytes = snapshot_args(names, bound, max_items)
+    except Exception as exc:  # arguments that do not bind: record, never fail the call
+        inputs, nbytes = {"__bind_error__": f"{type(exc).__name__}: {exc}"}, 64
+    span = _Span(op.name, op.kind, frame.span_id, inputs)
+    if op.kind == "generate" and op.is_method and args and tracer.config.token2text:
+        span.tokenizer = getattr(args[0], "tokenizer", None)
+    traj.nbytes += nbytes + 256
+    traj.spans.append(span)
+    return span
+
+
+def _finish(traj: Trajectory, span: _Span, result: Any) -> None:
+    span.end_ns = time.time_ns()
+    span.outputs, nbytes = snapshot(result, traj.tracer.config.max_list_items)
+    traj.nbytes += nbytes
+
+
+def _fail(span: _Span, exc: BaseException) -> None:
+    span.end_ns = time.time_ns()
+    span.error = exc
+
+
+class _OpInfo:
+    __slots__ = ("fast_names", "is_method", "kind", "name", "signature", "skip")
+
+    def __init__(self, fn: Callable[..., Any], kind: str, name: str | None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown span kind {kind!r}; valid kinds: {sorted(KINDS)}")
+        self.kind = kind
+        self.name = name or fn.__name__
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        self.is_method = bool(params) and params[0].name in ("self", "cls")
+        self.skip = frozenset({params[0].name}) if self.is_method else frozenset()
+        simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+        self.fast_names = tuple(p.name for p in params) if simple else None
+
+
+def trace_op(kind: str = "other", name: str | None = None) -> Callable[[F], F]:
+    """Record each call of the decorated function as a span of the current trajectory.
+
+    Works on plain, async, generator and async-generator functions and methods. Inputs are
+    the bound arguments without ``self``; the output is the return value (a generator's is
+    the list of what it yielded). Exceptions pass through unchanged and mark the span ERROR.
+
+    Example::
+
+        @tracer.trace_op(kind="tool")
+        async def call_tool(self, name: str, arguments: dict) -> str: ...
+    """
+
+    def decorate(fn: F) -> F:
+        op = _OpInfo(fn, kind, name)
+        if inspect.isasyncgenfunction(fn):
+            wrapper: Callable[..., Any] = _wrap_async_gen(fn, op)
+        elif inspect.iscoroutinefunction(fn):
+            wrapper = _wrap_async(fn, op)
+        elif inspect.isgeneratorfunction(fn):
+            wrapper = _wrap_gen(fn, op)
+        else:
+            wrapper = _wrap_sync(fn, op)
+        functools.update_wrapper(wrapper, fn)
+        wrapper.__rollout_tracer_op__ = op  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _wrap_sync(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = _current.get()
+        if frame is None or frame.traj is None:
+            return fn(*args, **kwargs)
+        span = _begin(frame, op, args, kwargs)
+        token = _current.set(_Frame(frame.traj, span.span_id))
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _fail(span, exc)
+            raise
+        finally:
+            _current.reset(token)
+        _finish(frame.traj, span, result)
+        return result
+
+    return wrapper
+
+
+def _wrap_async(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = _current.get()
+        if frame is None or frame.traj is None:
+            return await fn(*args, **kwargs)
+        span = _begin(frame, op, args, kwargs)
+        token = _current.set(_Frame(frame.traj, span.span_id))
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:  # CancelledError included: recorded, then re-raised
+            _fail(span, exc)
+            raise
+        finally:
+            _current.reset(token)
+        _finish(frame.traj, span, result)
+        return result
+
+    return wrapper
+
+
+def _wrap_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = _current.get()
+        if frame is None or frame.traj is None:
+            return (yield from fn(*args, **kwargs))
+        traj = frame.traj
+        span = _begin(frame, op, args, kwargs)
+        inner = _Frame(traj, span.span_id)
+        yielded: list[Any] = []
+        gen = fn(*args, **kwargs)
+        send: Any = None
+        throw: BaseException | None = None
+        try:
+            while True:
+                token = _current.set(inner)
+                try:
+                    item = gen.throw(throw) if throw is not None else gen.send(send)
+                finally:
+                    _current.reset(token)
+                throw = None
+                yielded.append(item)
+                try:
+                    send = yield item
+                except GeneratorExit:
+                    gen.close()
+                    span.set_attr("generator_closed_early", True)
+                    _finish(traj, span, yielded)
+                    raise
+                except BaseException as exc:
+                    throw = exc
+        except StopIteration as stop:
+            if stop.value is not None:
+                span.set_attr("return_value", stop.value)
+            _finish(traj, span, yielded)
+            return stop.value
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            _fail(span, exc)
+            span.outputs, _ = snapshot(yielded, traj.tracer.config.max_list_items)
+            raise
+
+    return wrapper
+
+
+def _wrap_async_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = _current.get()
+        if frame is None or frame.traj is None:
+            async for item in fn(*args, **kwargs):
+                yield item
+            return
+        traj = frame.traj
+        span = _begin(frame, op, args, kwargs)
+        inner = _Frame(traj, span.span_id)
+        yielded: list[Any] = []
+        agen = fn(*args, **kwargs)
+        send: Any = None
+        throw: BaseException | None = None
+        try:
+            while True:
+                token = _current.set(inner)
+                try:
+                    if throw is not None:
+                        item = await agen.athrow(throw)
+                    else:
+                        item = await agen.asend(send)
+                finally:
+                    _current.reset(token)
+                throw = None
+                yielded.append(item)
+                try:
+                    send = yield item
+                except GeneratorExit:
+                    await agen.aclose()
+                    span.set_attr("generator_closed_early", True)
+                    _finish(traj, span, yielded)
+                    raise
+                except BaseException as exc:
+                    throw = exc
+        except StopAsyncIteration:
+            _finish(traj, span, yielded)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            _fail(span, exc)
+            span.outputs, _ = snapshot(yielded, traj.tracer.config.max_list_items)
+            raise
+
+    return wrapper

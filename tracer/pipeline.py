@@ -1,0 +1,342 @@
+"""Background pipeline: hot-path buffer -> processing thread -> one export worker per backend.
+
+    submit() ──> bounded deque ──> [processor thread: sampling check, token2text, truncation,
+                                    serialization into TrajectoryRecord]
+                                        ├──> [export worker "mlflow"] -> MlflowExporter.export
+                                        └──> [export worker "jsonl"]  -> JsonlExporter.export
+
+``submit`` never blocks: when the buffer is full (count or bytes) the trajectory is dropped
+and counted. Each backend has its own thread and bounded queue, so a slow or failing backend
+never delays another. Threads start lazily and restart in a forked child.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tracer.backends.base import Exporter, ExportResult
+from tracer.process import build_record
+from tracer.record import TrajectoryRecord
+
+if TYPE_CHECKING:
+    from tracer.config import TraceConfig
+    from tracer.ops import Trajectory
+    from tracer.sampling import Sampler
+
+log = logging.getLogger("tracer")
+
+
+class InternalErrors:
+    """Logs each distinct tracer-internal failure once (then every 100th), or raises in tests."""
+
+    def __init__(self, raise_errors: bool) -> None:
+        self.raise_errors = raise_errors
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def report(self, where: str, exc: BaseException) -> None:
+        key = f"{where}: {type(exc).__name__}"
+        self.counts[key] += 1
+        n = self.counts[key]
+        if n == 1 or n % 100 == 0:
+            log.warning(
+                "rollout-tracer: %s failed (%s: %s); the rollout keeps running [%d times]",
+                where,
+                type(exc).__name__,
+                exc,
+                n,
+                exc_info=n == 1,
+            )
+        if self.raise_errors:
+            raise exc
+
+
+class ExportWorker:
+    """One backend: a bounded queue of records, a thread, retries with backoff."""
+
+    def __init__(self, exporter: Exporter, config: TraceConfig, errors: InternalErrors) -> None:
+        self.exporter = exporter
+        self.name = getattr(exporter, "name", type(exporter).__name__)
+        self.config = config
+        self.errors = errors
+        self.queue: collections.deque[tuple[int, TrajectoryRecord]] = collections.deque()
+        self.cond = threading.Condition()
+        self.done_seq = 0  # every record with seq <= done_seq is exported or given up on
+        self.exported = 0
+        self.failed = 0
+        self.dropped = 0
+        self.retries = 0
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+
+    def start(self) -> None:
+        self.thread = threading.Thread(
+            target=self._run, name=f"rollout-tracer-{self.name}", daemon=True
+        )
+        self.thread.start()
+
+    def put(self, seq: int, records: list[TrajectoryRecord]) -> None:
+        with self.cond:
+            room = self.config.max_buffer_trajectories - len(self.queue)
+            if room < len(records):
+                dropped = len(records) - max(room, 0)
+                self.dropped += dropped
+                log.warning(
+                    "rollout-tracer: backend %s is behind; dropped %d trajectories (%d so far)",
+                    self.name,
+                    dropped,
+                    self.dropped,
+                )
+                records = records[: max(room, 0)]
+            self.queue.extend((seq, r) for r in records)
+            if not self.queue:
+                self.done_seq = max(self.done_seq, seq)
+            self.cond.notify_all()
+
+    def mark(self, seq: int) -> None:
+        """A processing round with nothing for this backend still advances its progress."""
+        with self.cond:
+            if not self.queue:
+                self.done_seq = max(self.done_seq, seq)
+                self.cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.stopping:
+                    self.cond.wait()
+                if not self.queue and self.stopping:
+                    return
+                n = min(len(self.queue), self.config.export_batch_size)
+                items = [self.queue.popleft() for _ in range(n)]
+            self._export([r for _, r in items])
+            with self.cond:
+                last = items[-1][0]
+                if not self.queue or self.queue[0][0] > last:
+                    self.done_seq = max(self.done_seq, last)
+                self.cond.notify_all()
+
+    def _export(self, batch: list[TrajectoryRecord]) -> None:
+        delay = 0.25
+        for attempt in range(self.config.export_max_retries + 1):
+            try:
+                result = self.exporter.export(batch)
+            except Exception as exc:
+                result = ExportResult.FAILURE
+                self.errors.counts[f"export {self.name}"] += 1
+                if self.errors.counts[f"export {self.name}"] in (1, 10, 100, 1000):
+                    log.warning(
+                        "rollout-tracer: export to %s raised %s: %s",
+                        self.name,
+                        type(exc).__name__,
+                        exc,
+                        exc_info=True,
+                    )
+            if result is ExportResult.SUCCESS:
+                self.exported += len(batch)
+                return
+            if attempt < self.config.export_max_retries and not self.stopping:
+                self.retries += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.failed += len(batch)
+        log.error(
+            "rollout-tracer: could not export %d trajectories to %s after %d attempts "
+            "(%d failed so far)",
+            len(batch),
+            self.name,
+            self.config.export_max_retries + 1,
+            self.failed,
+        )
+
+    def wait(self, seq: int, deadline: float) -> bool:
+        with self.cond:
+            while self.done_seq < seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    def stop(self, deadline: float) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class Pipeline:
+    def __init__(
+        self,
+        config: TraceConfig,
+        sampler: Sampler,
+        exporter_factories: list[Callable[[], Exporter]],
+        tokenizer: Callable[[], Any],
+    ) -> None:
+        self.config = config
+        self.sampler = sampler
+        self.factories = exporter_factories
+        self.tokenizer = tokenizer
+        self.errors = InternalErrors(config.raise_internal_errors)
+        self._init_state()
+        self.workers = [ExportWorker(f(), config, self.errors) for f in exporter_factories]
+        self._forked = False
+        ref = weakref.WeakMethod(self._after_fork)
+        os.register_at_fork(after_in_child=lambda: (m := ref()) and m())
+
+    def _init_state(self) -> None:
+        self.buffer: collections.deque[Trajectory] = collections.deque()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.progress = threading.Condition()
+        self.buffered_bytes = 0
+        self.submitted = 0  # sequence number of the last accepted trajectory
+        self.processed_seq = 0
+        self.dropped_buffer_full = 0
+        self.process_errors = 0
+        self.processor: threading.Thread | None = None
+        self.closed = False
+        self.pid = os.getpid()
+
+    def _after_fork(self) -> None:
+        # The parent exports what was buffered before the fork; the child starts empty, with
+        # fresh locks, fresh exporters (connections must not be shared) and no threads yet.
+        self._init_state()
+        self.workers = []
+        self._forked = True
+
+    # hot path -------------------------------------------------------------------------
+    def submit(self, traj: Trajectory) -> None:
+        with self.lock:
+            if self.closed:
+                self.dropped_buffer_full += 1
+                return
+            if (
+                len(self.buffer) >= self.config.max_buffer_trajectories
+                or self.buffered_bytes + traj.nbytes > self.config.max_buffer_bytes
+            ):
+                self.dropped_buffer_full += 1
+                if self.dropped_buffer_full in (1, 10, 100) or self.dropped_buffer_full % 1000 == 0:
+                    log.warning(
+                        "rollout-tracer: trace buffer full (%d trajectories, %d bytes); "
+                        "%d trajectories dropped",
+                        len(self.buffer),
+                        self.buffered_bytes,
+                        self.dropped_buffer_full,
+                    )
+                return
+            self.buffer.append(traj)
+            self.buffered_bytes += traj.nbytes
+            self.submitted += 1
+            if self.processor is None:
+                self._start()
+            if len(self.buffer) >= self.config.export_batch_size:
+                self.wake.set()
+
+    # background -----------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._forked and not self.workers:
+            self.workers = [ExportWorker(f(), self.config, self.errors) for f in self.factories]
+        for w in self.workers:
+            w.start()
+        self.processor = threading.Thread(
+            target=self._process_loop, name="rollout-tracer", daemon=True
+        )
+        self.processor.start()
+
+    def _process_loop(self) -> None:
+        while True:
+            self.wake.wait(self.config.flush_interval_s)
+            self.wake.clear()
+            self._drain()
+            if self.closed and not self.buffer:
+                return
+
+    def _drain(self) -> None:
+        while True:
+            with self.lock:
+                if not self.buffer:
+                    return
+                batch = []
+                while self.buffer and len(batch) < self.config.export_batch_size:
+                    traj = self.buffer.popleft()
+                    self.buffered_bytes -= traj.nbytes
+                    batch.append(traj)
+                seq = self.submitted - len(self.buffer)
+            records: list[TrajectoryRecord] = []
+            tokenizer = self.tokenizer()
+            for traj in batch:
+                if not self.sampler.confirm(traj.step, traj.sample_index, traj.validate):
+                    continue  # displaced by a sample with a lower hash before it was exported
+                try:
+                    records.append(build_record(traj, self.config, tokenizer))
+                except Exception as exc:
+                    self.process_errors += 1
+                    self.errors.report("building a trace record", exc)
+            for w in self.workers:
+                if records:
+                    w.put(seq, records)
+                else:
+                    w.mark(seq)
+            with self.progress:
+                self.processed_seq = seq
+                self.progress.notify_all()
+
+    # control --------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything submitted so far is exported (or given up on)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            target = self.submitted
+            if self.processor is None:
+                return True
+        self.wake.set()
+        with self.progress:
+            while self.processed_seq < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.progress.wait(min(left, 0.05))
+                self.wake.set()
+        return all(w.wait(target, deadline) for w in self.workers)
+
+    def shutdown(self, timeout_s: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        ok = self.flush(timeout_s)
+        with self.lock:
+            self.closed = True
+        self.wake.set()
+        if self.processor is not None:
+            self.processor.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            w.stop(deadline)
+            try:
+                w.exporter.force_flush(max(0.1, deadline - time.monotonic()))
+                w.exporter.shutdown(max(0.1, deadline - time.monotonic()))
+            except Exception as exc:
+                self.errors.report(f"shutting down backend {w.name}", exc)
+        return ok
+
+    def metrics(self) -> dict[str, Any]:
+        m: dict[str, Any] = {
+            "tracer/submitted": self.submitted,
+            "tracer/queue_depth": len(self.buffer),
+            "tracer/queue_bytes": self.buffered_bytes,
+            "tracer/dropped_buffer_full": self.dropped_buffer_full,
+            "tracer/evicted_by_sampling": self.sampler.evicted,
+            "tracer/process_errors": self.process_errors,
+        }
+        for w in self.workers:
+            m[f"tracer/{w.name}/exported"] = w.exported
+            m[f"tracer/{w.name}/failed"] = w.failed
+            m[f"tracer/{w.name}/dropped"] = w.dropped
+            m[f"tracer/{w.name}/retries"] = w.retries
+            m[f"tracer/{w.name}/queue_depth"] = len(w.queue)
+        return m

@@ -1,0 +1,248 @@
+"""Background stage: a finished raw trajectory -> a TrajectoryRecord (decoded, bounded, JSON-able)."""
+
+from __future__ import annotations
+
+import math
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from tracer.jsonable import Limits, safe_repr, to_jsonable, truncation_marker
+from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.snapshot import ObjectSnapshot, Truncated
+
+if TYPE_CHECKING:
+    from tracer.config import TraceConfig
+    from tracer.ops import Trajectory, _Span
+
+_PROMPT_FIELDS = ("prompt_ids", "input_ids")
+_RESPONSE_FIELDS = ("response_ids", "output_ids", "token_ids")
+_REWARD_KEYS = ("reward", "score", "reward_score", "acc")
+
+
+def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> TrajectoryRecord:
+    limits = Limits(config.max_field_chars, config.max_list_items)
+    root = traj.root
+    reward: float | None = None
+    spans: list[SpanRecord] = []
+    for span in traj.spans:
+        attrs = _to_attrs(span.attributes, limits)
+        end_ns = span.end_ns
+        if end_ns == 0:  # still open when the trajectory ended (abandoned generator, leaked task)
+            end_ns = root.end_ns or span.start_ns
+            attrs["unfinished"] = True
+        inputs = to_jsonable(span.inputs, limits) if span.inputs is not None else None
+        outputs = to_jsonable(span.outputs, limits) if span.outputs is not None else None
+        if config.token2text:
+            _token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer, limits)
+        if span.kind == "reward" and span.error is None:
+            value = _reward_value(span.outputs)
+            if value is not None:
+                attrs["reward"] = value
+                reward = value
+        if span.kind == "generate":
+            finish = _find_field(span.outputs, "finish_reason")
+            if finish is not None:
+                attrs["finish_reason"] = (
+                    safe_repr(finish, limits) if not isinstance(finish, str) else finish
+                )
+        if span.kind == "tool":
+            attrs.setdefault("tool_name", _tool_name(span))
+        spans.append(
+            SpanRecord(
+                span_id=span.span_id,
+                parent_id=span.parent_id,
+                name=span.name,
+                kind=span.kind,
+                start_ns=span.start_ns,
+                end_ns=end_ns,
+                status="ERROR" if span.error is not None else "OK",
+                error=_error_dict(span.error, limits) if span.error is not None else None,
+                inputs=inputs,
+                outputs=outputs,
+                attributes=attrs,
+            )
+        )
+    explicit = traj.attributes.get("reward")
+    if explicit is not None:
+        reward = _as_float(explicit)
+    return TrajectoryRecord(
+        trace_id=traj.trace_id,
+        name=root.name,
+        project_name=config.project_name,
+        experiment_name=config.experiment_name,
+        step=_as_int_or_none(traj.step),
+        sample_index=to_jsonable(traj.sample_index, limits),
+        rollout_n=to_jsonable(traj.rollout_n, limits),
+        validate=bool(traj.validate),
+        worker_id=config.worker_id,
+        start_ns=root.start_ns,
+        end_ns=root.end_ns or root.start_ns,
+        status=spans[0].status,
+        reward=reward,
+        policy_version=to_jsonable(traj.policy_version, limits),
+        attributes={
+            str(k): to_jsonable(v, limits) for k, v in traj.attributes.items() if k != "reward"
+        },
+        spans=spans,
+    )
+
+
+def _to_attrs(raw: dict[str, Any] | None, limits: Limits) -> dict[str, Any]:
+    return {k: to_jsonable(v, limits) for k, v in raw.items()} if raw else {}
+
+
+def _as_int_or_none(x: Any) -> int | None:
+    if x is None:
+        return None
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _as_float(x: Any) -> float | None:
+    if isinstance(x, bool):
+        return float(x)
+    try:
+        if type(x).__module__ in ("numpy", "torch") and hasattr(x, "item"):
+            x = x.item()
+        value = float(x)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _reward_value(out: Any) -> float | None:
+    if isinstance(out, (dict, ObjectSnapshot)):
+        for key in _REWARD_KEYS:
+            value = _find_field(out, key)
+            if value is not None:
+                return _as_float(value)
+        return None
+    return _as_float(out)
+
+
+def _find_field(value: Any, name: str) -> Any:
+    if isinstance(value, ObjectSnapshot):
+        value = value.fields
+    if isinstance(value, dict):
+        return value.get(name)
+    return None
+
+
+def _tool_name(span: _Span) -> str:
+    inputs = span.inputs if isinstance(span.inputs, dict) else {}
+    for key in ("name", "tool_name", "tool"):
+        value = inputs.get(key)
+        if isinstance(value, str):
+            return value
+    return span.name
+
+
+def _error_dict(exc: BaseException, limits: Limits) -> dict[str, Any]:
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        tb = "<traceback unavailable>"
+    try:
+        message = str(exc)
+    except Exception:
+        message = safe_repr(exc, limits)
+    return {
+        "type": type(exc).__qualname__,
+        "message": message[: limits.max_chars],
+        "traceback": tb[-limits.max_chars :],
+    }
+
+
+def _collect_ids(value: Any, names: tuple[str, ...]) -> tuple[str, Any] | None:
+    """Find the first token-id field in a snapshot: top level or one object/dict deeper."""
+    containers = [value]
+    if isinstance(value, ObjectSnapshot):
+        containers = [value.fields]
+    elif isinstance(value, dict):
+        containers = [
+            value,
+            *[
+                v.fields if isinstance(v, ObjectSnapshot) else v
+                for v in value.values()
+                if isinstance(v, (dict, ObjectSnapshot))
+            ],
+        ]
+    for container in containers:
+        if isinstance(container, dict):
+            for name in names:
+                ids = container.get(name)
+                if ids is not None:
+                    return name, ids
+    return None
+
+
+def _as_id_list(ids: Any) -> tuple[list[Any], int]:
+    original = None
+    if isinstance(ids, Truncated):
+        original, ids = ids.original_len, ids.items
+    if type(ids).__module__ in ("numpy", "torch") and hasattr(ids, "tolist"):
+        if hasattr(ids, "detach"):
+            ids = ids.detach().to("cpu")
+        ids = ids.tolist()
+    ids = list(ids)
+    if ids and isinstance(ids[0], list):  # a batch of one
+        ids = [i for row in ids for i in row]
+    return ids, original if original is not None else len(ids)
+
+
+def decode_ids(tokenizer: Any, raw_ids: Any) -> tuple[str, int]:
+    """Decode token ids; ids outside the vocabulary become visible markers, never an error."""
+    ids, original = _as_id_list(raw_ids)
+    try:
+        vocab = len(tokenizer)
+    except Exception:
+        vocab = None
+    parts: list[str] = []
+    run: list[int] = []
+    for i in ids:
+        valid = (
+            isinstance(i, int)
+            and not isinstance(i, bool)
+            and i >= 0
+            and (vocab is None or i < vocab)
+        )
+        if valid:
+            run.append(i)
+            continue
+        if run:
+            parts.append(tokenizer.decode(run, skip_special_tokens=False))
+            run = []
+        parts.append(f"<invalid token id {i!r}>")
+    if run:
+        parts.append(tokenizer.decode(run, skip_special_tokens=False))
+    text = "".join(parts)
+    if original > len(ids):
+        text += truncation_marker(original, len(ids), "token ids")
+    return text, original
+
+
+def _token2text(
+    span: _Span, inputs: Any, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
+) -> None:
+    found = [
+        ("prompt", _collect_ids(span.inputs, _PROMPT_FIELDS + ("token_ids",)), inputs),
+        ("response", _collect_ids(span.outputs, _RESPONSE_FIELDS), outputs),
+    ]
+    for label, hit, target in found:
+        if hit is None:
+            continue
+        if tokenizer is None:
+            attrs["token2text_error"] = "no tokenizer: call tracer.register_tokenizer(tok)"
+            return
+        try:
+            text, count = decode_ids(tokenizer, hit[1])
+        except Exception as exc:
+            attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
+            continue
+        text = to_jsonable(text, limits)
+        attrs[f"{label}_text"] = text
+        attrs[f"{label}_tokens"] = count
+        if isinstance(target, dict):
+            target[f"{label}_text"] = text

@@ -1,0 +1,97 @@
+"""The finished, serializable form of a trajectory, as every backend receives it.
+
+The hot path builds cheap, raw snapshots (see ``tracer.ops``); the background pipeline turns
+each finished trajectory into one :class:`TrajectoryRecord` (token2text decoded, payloads
+truncated with a marker, secrets redacted, every value JSON-able). Backends only ever see these.
+
+Schema version 1; changes to these fields bump :data:`SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# kind -> MLflow span type; also the set of kinds the tracer knows about.
+KINDS: dict[str, str] = {
+    "trajectory": "AGENT",
+    "generate": "CHAT_MODEL",
+    "parse": "PARSER",
+    "tool": "TOOL",
+    "reward": "EVALUATOR",
+    "retrieve": "RETRIEVER",
+    "other": "UNKNOWN",
+}
+
+
+@dataclass
+class SpanRecord:
+    """One operation inside a trajectory. ``inputs``/``outputs``/``attributes`` are JSON-able."""
+
+    span_id: str  # 16 hex chars, unique within the trace
+    parent_id: str | None  # None only for the root span
+    name: str
+    kind: str  # one of KINDS
+    start_ns: int  # wall clock, ns since the epoch
+    end_ns: int
+    status: str = "OK"  # "OK" | "ERROR"
+    error: dict[str, Any] | None = None  # {"type", "message", "traceback"}
+    inputs: Any = None
+    outputs: Any = None
+    # Derived values: prompt_text / response_text (token2text), prompt_tokens,
+    # response_tokens, reward, tool name, finish_reason, truncation markers, ...
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrajectoryRecord:
+    """One rollout of one sample: the root span plus all its descendants."""
+
+    trace_id: str  # 32 hex chars, unique; backends use it to stay idempotent
+    name: str
+    project_name: str
+    experiment_name: str
+    step: int | None
+    sample_index: Any
+    rollout_n: Any
+    validate: bool
+    worker_id: str
+    start_ns: int
+    end_ns: int
+    status: str = "OK"
+    reward: float | None = None  # the last numeric reward recorded in the trajectory
+    policy_version: Any = None
+    attributes: dict[str, Any] = field(default_factory=dict)  # extra user attributes
+    spans: list[SpanRecord] = field(default_factory=list)  # spans[0] is the root
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def root(self) -> SpanRecord:
+        return self.spans[0]
+
+    def tags(self) -> dict[str, str]:
+        """String tags every backend attaches to the trace (filterable in MLflow)."""
+        tags = {
+            "step": "" if self.step is None else str(self.step),
+            "sample_index": "" if self.sample_index is None else str(self.sample_index),
+            "rollout_n": "" if self.rollout_n is None else str(self.rollout_n),
+            "validate": str(bool(self.validate)).lower(),
+            "experiment_name": self.experiment_name,
+            "worker_id": self.worker_id,
+        }
+        if self.policy_version is not None:
+            tags["policy_version"] = str(self.policy_version)
+        for key, value in self.attributes.items():
+            tags.setdefault(str(key), str(value))
+        return tags
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrajectoryRecord:
+        data = dict(data)
+        spans = [SpanRecord(**s) for s in data.pop("spans", [])]
+        return cls(**data, spans=spans)

@@ -1,0 +1,160 @@
+"""Hot-path snapshots of arguments and results.
+
+Agent loops mutate their message lists and token lists in place after a call returns, so a
+span must hold a copy of what it saw. Copying is structural and bounded: containers are copied
+(lists, dicts, tuples, sets, numpy arrays, CPU tensors), immutable scalars are shared, other
+objects are kept by reference and rendered later by the background worker. Nothing here
+serializes, decodes or does I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# Names the token2text stage looks for; read off arbitrary objects as plain attributes too.
+TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
+
+_SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex})
+_MAX_DEPTH = 12
+_FLAT_LIST_MIN = 64  # long lists of scalars are copied at C speed without visiting items
+
+
+class ObjectSnapshot:
+    """A copied view of an object that is not a plain container (dataclass, pydantic, ...)."""
+
+    __slots__ = ("fields", "obj", "type_name")
+
+    def __init__(self, type_name: str, fields: dict[str, Any], obj: Any = None) -> None:
+        self.type_name = type_name
+        self.fields = fields
+        self.obj = obj  # the live object, only for a repr when ``fields`` is empty
+
+    def __repr__(self) -> str:
+        return f"ObjectSnapshot({self.type_name}, {self.fields!r})"
+
+
+class Truncated:
+    """Marks a container cut at snapshot time (a million-element list on the hot path)."""
+
+    __slots__ = ("items", "original_len")
+
+    def __init__(self, items: Any, original_len: int) -> None:
+        self.items = items
+        self.original_len = original_len
+
+
+class _Budget:
+    __slots__ = ("max_items", "nbytes", "nodes")
+
+    def __init__(self, max_items: int) -> None:
+        self.nodes = 50_000
+        self.nbytes = 0
+        self.max_items = max_items
+
+
+def snapshot(value: Any, max_items: int = 20_000) -> tuple[Any, int]:
+    """Return ``(copy, approximate_bytes)`` of ``value``; never raises."""
+    budget = _Budget(max_items)
+    try:
+        return _snap(value, budget, 0), budget.nbytes
+    except Exception as exc:  # a hostile __getattr__, a dict changing size, ...
+        return _unsnappable(value, exc), budget.nbytes
+
+
+def snapshot_args(
+    names: tuple[str, ...], values: dict[str, Any], max_items: int
+) -> tuple[dict[str, Any], int]:
+    budget = _Budget(max_items)
+    out: dict[str, Any] = {}
+    for name in names:
+        try:
+            out[name] = _snap(values[name], budget, 0)
+        except Exception as exc:
+            out[name] = _unsnappable(values[name], exc)
+    return out, budget.nbytes
+
+
+def _unsnappable(value: Any, exc: Exception) -> ObjectSnapshot:
+    return ObjectSnapshot(
+        f"{type(value).__module__}.{type(value).__qualname__}",
+        {"__snapshot_error__": f"{type(exc).__name__}: {exc}"},
+    )
+
+
+def _snap(x: Any, b: _Budget, depth: int) -> Any:
+    t = type(x)
+    if t in _SCALARS:
+        if t is str or t is bytes:
+            b.nbytes += len(x)
+        else:
+            b.nbytes += 8
+        return x
+    b.nodes -= 1
+    if depth >= _MAX_DEPTH or b.nodes <= 0:
+        return ObjectSnapshot(t.__qualname__, {}, x)  # cycles and huge graphs stop here
+    if t is list or t is tuple:
+        n = len(x)
+        if n > b.max_items:
+            return Truncated(_snap(x[: b.max_items], b, depth), n)
+        b.nbytes += 8 * n + 56
+        if n >= _FLAT_LIST_MIN and type(x[0]) in _SCALARS and type(x[-1]) in _SCALARS:
+            return list(x) if t is list else x  # token ids: C-speed copy
+        d = depth + 1
+        items = [_snap(v, b, d) for v in x]
+        return items if t is list else tuple(items)
+    if t is dict:
+        n = len(x)
+        b.nbytes += 16 * n + 64
+        d = depth + 1
+        if n > b.max_items:
+            keys = list(x)[: b.max_items]
+            return Truncated({k: _snap(x[k], b, d) for k in keys}, n)
+        return {k: _snap(v, b, d) for k, v in x.items()}
+    if t is set or t is frozenset:
+        b.nbytes += 8 * len(x)
+        return frozenset(x) if len(x) <= b.max_items else Truncated(list(x)[: b.max_items], len(x))
+    return _snap_object(x, t, b, depth)
+
+
+def _snap_object(x: Any, t: type, b: _Budget, depth: int) -> Any:
+    module = t.__module__
+    if module == "numpy":
+        if hasattr(x, "copy") and hasattr(x, "shape"):
+            b.nbytes += int(getattr(x, "nbytes", 0))
+            return (
+                x.copy()
+                if x.ndim == 0 or x.size <= b.max_items
+                else Truncated(x.ravel()[: b.max_items].copy(), int(x.size))
+            )
+        return x  # numpy scalar: immutable
+    if module == "torch" and hasattr(x, "detach"):
+        t_ = x.detach()
+        b.nbytes += t_.numel() * t_.element_size()
+        if t_.device.type == "cpu":
+            return (
+                t_.clone()
+                if t_.numel() <= b.max_items
+                else Truncated(t_.flatten()[: b.max_items].clone(), t_.numel())
+            )
+        return t_  # CUDA: no copy and no sync here; the worker moves it to the CPU
+    d = depth + 1
+    if dataclasses.is_dataclass(x):
+        fields = {f.name: _snap(getattr(x, f.name, None), b, d) for f in dataclasses.fields(x)}
+        return ObjectSnapshot(t.__qualname__, fields)
+    if hasattr(t, "model_fields") and hasattr(x, "__dict__"):  # pydantic v2 model
+        return ObjectSnapshot(t.__qualname__, {k: _snap(v, b, d) for k, v in vars(x).items()})
+    token_fields = {
+        name: _snap(getattr(x, name), b, d) for name in TOKEN_FIELDS if hasattr(x, name)
+    }
+    if token_fields:
+        return ObjectSnapshot(t.__qualname__, token_fields, x)
+    if isinstance(x, tuple) and hasattr(x, "_asdict"):  # namedtuple
+        return ObjectSnapshot(t.__qualname__, {k: _snap(v, b, d) for k, v in x._asdict().items()})
+    if isinstance(x, dict):  # subclasses of containers
+        return _snap(dict(x), b, depth)
+    if isinstance(x, (list, tuple)):
+        return _snap(list(x), b, depth)
+    if isinstance(x, (set, frozenset)):
+        return _snap(frozenset(x), b, depth)
+    return x  # kept by reference, rendered by the worker
