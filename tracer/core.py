@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -41,7 +42,7 @@ class Tracer:
             return self
         from tracer.pipeline import Pipeline
 
-        factories = []
+        factories: list[Any] = []
         for name in self.config.backends:
             try:
                 exporter = create_exporter(name, self.config)
@@ -167,7 +168,5 @@ def metrics() -> dict[str, Any]:
 
 
 def _shutdown_at_exit() -> None:
-    try:
+    with contextlib.suppress(Exception):  # interpreter teardown: nothing left to report to
         _default.shutdown()
-    except Exception:  # interpreter teardown: nothing left to report to
-        pass

@@ -6,6 +6,7 @@ rendered becomes a marker string that says why, and anything cut says its origin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any
@@ -61,10 +62,8 @@ def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None 
         if t in (list, tuple, frozenset, set):
             items = list(x)
             if t in (set, frozenset):
-                try:
+                with contextlib.suppress(TypeError):
                     items = sorted(items)
-                except TypeError:
-                    pass
             _path.add(id(x))
             try:
                 return _render_list(items, len(items), limits, d, _path)

@@ -209,7 +209,7 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
     max_items = tracer.config.max_list_items
     try:
         if op.fast_names is not None and len(args) <= len(op.fast_names):
-            bound = dict(zip(op.fast_names, args))
+            bound = dict(zip(op.fast_names, args, strict=False))
             if kwargs:
                 bound.update(kwargs)
         else:

@@ -264,7 +264,7 @@ class Pipeline:
             with self.lock:
                 if not self.buffer:
                     return
-                batch = []
+                batch: list[Trajectory] = []
                 while self.buffer and len(batch) < self.config.export_batch_size:
                     traj = self.buffer.popleft()
                     self.buffered_bytes -= traj.nbytes

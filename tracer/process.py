@@ -1,4 +1,5 @@
-"""Background stage: a finished raw trajectory -> a TrajectoryRecord (decoded, bounded, JSON-able)."""
+"""Background stage: a finished raw trajectory -> a TrajectoryRecord (decoded, bounded,
+JSON-able)."""
 
 from __future__ import annotations
 
@@ -227,7 +228,7 @@ def _token2text(
     span: _Span, inputs: Any, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
 ) -> None:
     found = [
-        ("prompt", _collect_ids(span.inputs, _PROMPT_FIELDS + ("token_ids",)), inputs),
+        ("prompt", _collect_ids(span.inputs, (*_PROMPT_FIELDS, "token_ids")), inputs),
         ("response", _collect_ids(span.outputs, _RESPONSE_FIELDS), outputs),
     ]
     for label, hit, target in found:
