@@ -64,7 +64,7 @@ _CHATML_TOOLS_TEMPLATE = (
     "{% for tc in message.tool_calls %}{% set f = tc.function if tc.function else tc %}"
     "{% if message.content or not loop.first %}\n{% endif %}<tool_call>\n"
     '{"name": "{{ f.name }}", "arguments": {{ f.arguments if f.arguments is string '
-    'else f.arguments | tojson }}}'
+    "else f.arguments | tojson }}}"
     "\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
     "{% endfor %}"
@@ -153,9 +153,7 @@ def _build_qwen_tokenizer(out: Path) -> None:
     n = backend.get_vocab_size()
     if n != QWEN_SPECIAL_START_ID:
         raise RuntimeError(f"unexpected qwen.tiktoken size {n}, want {QWEN_SPECIAL_START_ID}")
-    backend.add_tokens(
-        [AddedToken(t, special=s, normalized=False) for t, s in QWEN_ADDED_TOKENS]
-    )
+    backend.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in QWEN_ADDED_TOKENS])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
@@ -208,8 +206,7 @@ def resolve_model_path(path: str) -> Path:
     if p.is_dir():
         return p
     raise ValueError(
-        f"model path {path!r} is neither a builtin model ({', '.join(builders)}) "
-        "nor a local folder"
+        f"model path {path!r} is neither a builtin model ({', '.join(builders)}) nor a local folder"
     )
 
 

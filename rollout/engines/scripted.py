@@ -82,9 +82,8 @@ class ScriptedEngine:
 
     @staticmethod
     def _out(ids: list[int], reason: str, params: SamplingParams) -> GenerateOutput:
-        return GenerateOutput(
-            token_ids=ids, finish_reason=reason, logprobs=[0.0] * len(ids) if params.logprobs else None
-        )
+        logprobs = [0.0] * len(ids) if params.logprobs else None
+        return GenerateOutput(token_ids=ids, finish_reason=reason, logprobs=logprobs)
 
     async def close(self) -> None:
         """Nothing to release."""

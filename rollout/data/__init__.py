@@ -1,0 +1,1 @@
+"""Data shipped with the rollout package: math problems and the retrieval corpus."""
