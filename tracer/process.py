@@ -150,7 +150,7 @@ def _error_dict(exc: BaseException, limits: Limits) -> dict[str, Any]:
     except Exception:
         message = safe_repr(exc, limits)
     return {
-        "type": type(exc).__qualname__,
+        "type": type(exc).__name__,
         "message": message[: limits.max_chars],
         "traceback": tb[-limits.max_chars :],
     }

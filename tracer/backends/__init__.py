@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tracer.backends.base import Exporter
     from tracer.config import TraceConfig
 
-# name -> "module:factory"; the factory takes a TraceConfig and returns an Exporter.
-_BUILTIN: dict[str, str] = {
+# name -> "module:factory" (or a callable); the factory takes a TraceConfig, returns an Exporter.
+_BUILTIN: dict[str, Any] = {
     "mlflow": "tracer.backends.mlflow_backend:MlflowExporter",
     "jsonl": "tracer.backends.jsonl_backend:JsonlExporter",
     "otlp": "tracer.backends.otlp_backend:OtlpExporter",
@@ -21,7 +22,13 @@ _BUILTIN: dict[str, str] = {
 }
 
 
-def available_backends() -> dict[str, str]:
+def register_backend(name: str, factory: str | Callable[[TraceConfig], Exporter]) -> None:
+    """Make ``backend=name`` available: a ``"module:Factory"`` path or a callable that takes
+    the TraceConfig and returns an Exporter (see ``tracer.backends.base.Exporter``)."""
+    _BUILTIN[name.lower()] = factory
+
+
+def available_backends() -> dict[str, Any]:
     names = dict(_BUILTIN)
     try:
         for ep in entry_points(group="rollout_tracer.backends"):
@@ -33,6 +40,8 @@ def available_backends() -> dict[str, str]:
 
 def create_exporter(name: str, config: TraceConfig) -> Exporter:
     target = available_backends()[name]
-    module_name, _, attr = target.partition(":")
+    if callable(target):
+        return target(config)  # type: ignore[no-any-return]
+    module_name, _, attr = str(target).partition(":")
     factory = getattr(importlib.import_module(module_name), attr)
     return factory(config)  # type: ignore[no-any-return]
