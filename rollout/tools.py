@@ -294,12 +294,20 @@ class ToolRegistry:
         """OpenAI tool schemas for the chat template."""
         return [t.schema() for t in self.tools.values()]
 
-    @trace_op(kind="tool")
-    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """Run tool ``name`` with ``arguments``; errors come back as ``ToolResult.error``."""
+    @trace_op(kind="tool", name="tool_call")
+    async def call(
+        self, name: str, arguments: dict[str, Any], parse_error: str | None = None
+    ) -> ToolResult:
+        """Run tool ``name`` with ``arguments``; errors come back as ``ToolResult.error``.
+
+        ``parse_error`` (set when the model's call could not be parsed) is returned as the
+        error without running anything.
+        """
         start = time.perf_counter()
         tool = self.tools.get(name)
         try:
+            if parse_error is not None:
+                raise ToolError(parse_error)
             if tool is None:
                 raise ToolError(f"unknown tool {name!r}; available: {', '.join(self.tools)}")
             if not isinstance(arguments, dict):
