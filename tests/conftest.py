@@ -49,8 +49,12 @@ def search_traces(uri: str, experiment: str, filter_string: str | None = None) -
     out: list[Any] = []
     token = None
     while True:
-        page = client.search_traces(locations=[exp.experiment_id], filter_string=filter_string,
-                                    max_results=500, page_token=token)
+        page = client.search_traces(
+            locations=[exp.experiment_id],
+            filter_string=filter_string,
+            max_results=500,
+            page_token=token,
+        )
         out.extend(page)
         token = page.token
         if not token:

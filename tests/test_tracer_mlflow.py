@@ -56,8 +56,9 @@ class ToyLoop:
         messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
         text = ""
         for _ in range(3):
-            prompt_ids = self.tokenizer.apply_chat_template(messages, tokenize=True,
-                                                            add_generation_prompt=True)
+            prompt_ids = self.tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True
+            )
             if not isinstance(prompt_ids, list):
                 prompt_ids = list(prompt_ids["input_ids"])
             out = await self.generate(prompt_ids, messages)
@@ -76,8 +77,14 @@ REPLIES = ["Let me add. CALL 2+3", "Now the rest. CALL 5+4", "The answer is 9"]
 
 
 def test_three_turn_trajectory_span_tree_tags_and_text(mlflow_uri: str, smollm2_tokenizer: Any):
-    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
-                experiment_name="exp-a", token2text=True, raise_internal_errors=True)
+    tracer.init(
+        backend="mlflow",
+        tracking_uri=mlflow_uri,
+        project_name=EXP,
+        experiment_name="exp-a",
+        token2text=True,
+        raise_internal_errors=True,
+    )
     loop = ToyLoop(smollm2_tokenizer, REPLIES)
 
     async def main() -> None:
@@ -96,14 +103,35 @@ def test_three_turn_trajectory_span_tree_tags_and_text(mlflow_uri: str, smollm2_
     root = next(s for s in spans if s.parent_id is None)
     assert root.name == "trajectory" and root.span_type == "AGENT"
     names = sorted(s.name for s in spans)
-    assert names == sorted(["trajectory", "run", "generate", "generate", "generate", "parse",
-                            "parse", "parse", "call_tool", "call_tool", "reward"])
+    assert names == sorted(
+        [
+            "trajectory",
+            "run",
+            "generate",
+            "generate",
+            "generate",
+            "parse",
+            "parse",
+            "parse",
+            "call_tool",
+            "call_tool",
+            "reward",
+        ]
+    )
     types = {s.name: s.span_type for s in spans}
-    assert types == {"trajectory": "AGENT", "run": "AGENT", "generate": "CHAT_MODEL",
-                     "parse": "PARSER", "call_tool": "TOOL", "reward": "EVALUATOR"}
+    assert types == {
+        "trajectory": "AGENT",
+        "run": "AGENT",
+        "generate": "CHAT_MODEL",
+        "parse": "PARSER",
+        "call_tool": "TOOL",
+        "reward": "EVALUATOR",
+    }
     run = next(s for s in spans if s.name == "run")
     assert run.parent_id == root.span_id
-    assert all(by_id[s.parent_id].name == "run" for s in spans if s.name not in ("trajectory", "run"))
+    assert all(
+        by_id[s.parent_id].name == "run" for s in spans if s.name not in ("trajectory", "run")
+    )
 
     gens = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start_time_ns)
     # token2text on every generate span, equal to the tokenizer's own decode
@@ -130,8 +158,9 @@ def test_three_turn_trajectory_span_tree_tags_and_text(mlflow_uri: str, smollm2_
 
 
 def test_exception_is_recorded_and_reraised(mlflow_uri: str):
-    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
-                raise_internal_errors=True)
+    tracer.init(
+        backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP, raise_internal_errors=True
+    )
 
     class ToolError(RuntimeError):
         pass
@@ -159,8 +188,9 @@ def test_exception_is_recorded_and_reraised(mlflow_uri: str):
 
 
 def test_trace_false_disables_nested_ops(mlflow_uri: str):
-    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
-                raise_internal_errors=True)
+    tracer.init(
+        backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP, raise_internal_errors=True
+    )
 
     @tracer.trace_op(kind="generate")
     def gen(x: int) -> int:
@@ -199,8 +229,13 @@ def test_sampling_is_deterministic_and_keeps_whole_groups(tmp_path):
         uri = f"sqlite:///{tmp_path / f'run{run}.db'}"
         order = list(range(20))
         random.Random(run).shuffle(order)  # a rerun starts samples in another order
-        tracer.init(backend="mlflow", tracking_uri=uri, project_name=EXP,
-                    max_samples_per_step_per_worker=3, raise_internal_errors=True)
+        tracer.init(
+            backend="mlflow",
+            tracking_uri=uri,
+            project_name=EXP,
+            max_samples_per_step_per_worker=3,
+            raise_internal_errors=True,
+        )
         _run_sampled_rollout(order, 20, rollout_n=4)
         assert tracer.flush(60)
         traces = search_traces(uri, EXP, "tags.step = '2'")
@@ -215,21 +250,31 @@ def test_sampling_is_deterministic_and_keeps_whole_groups(tmp_path):
 
 
 def test_sampling_zero_and_none(mlflow_uri: str):
-    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
-                max_samples_per_step_per_worker=None, raise_internal_errors=True)
+    tracer.init(
+        backend="mlflow",
+        tracking_uri=mlflow_uri,
+        project_name=EXP,
+        max_samples_per_step_per_worker=None,
+        raise_internal_errors=True,
+    )
     _run_sampled_rollout(list(range(5)), 5, rollout_n=2)
     assert tracer.flush(60)
     assert len(search_traces(mlflow_uri, EXP)) == 10
-    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
-                max_samples_per_step_per_worker=0)
+    tracer.init(
+        backend="mlflow",
+        tracking_uri=mlflow_uri,
+        project_name=EXP,
+        max_samples_per_step_per_worker=0,
+    )
     _run_sampled_rollout(list(range(5)), 5, rollout_n=2)
     assert tracer.flush(60)
     assert len(search_traces(mlflow_uri, EXP)) == 10
 
 
 def test_thousand_trajectories_of_five_spans_all_stored(mlflow_uri: str):
-    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
-                raise_internal_errors=True)
+    tracer.init(
+        backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP, raise_internal_errors=True
+    )
 
     @tracer.trace_op(kind="generate")
     def gen(prompt: str) -> str:
