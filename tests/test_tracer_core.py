@@ -47,8 +47,7 @@ class Agent:
 
     @tracer.trace_op(kind="parse")
     def gen_items(self, n: int):
-        for i in range(n):
-            yield i
+        yield from range(n)
         return "done"
 
     @tracer.trace_op(kind="tool")

@@ -169,9 +169,11 @@ def test_exception_is_recorded_and_reraised(mlflow_uri: str):
     def flaky(x: int) -> int:
         raise ToolError(f"bad input {x}")
 
-    with pytest.raises(ToolError, match="bad input 5") as info:
-        with tracer.trace_attr(step=1, sample_index=0):
-            flaky(5)
+    with (
+        pytest.raises(ToolError, match="bad input 5") as info,
+        tracer.trace_attr(step=1, sample_index=0),
+    ):
+        flaky(5)
     assert type(info.value) is ToolError  # unchanged, not wrapped
     assert tracer.flush(60)
     [trace] = search_traces(mlflow_uri, EXP)
