@@ -66,6 +66,7 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     explicit = traj.attributes.get("reward")
     if explicit is not None:
         reward = _as_float(explicit)
+    _fill_root(spans, reward)
     return TrajectoryRecord(
         trace_id=traj.trace_id,
         name=root.name,
@@ -247,3 +248,15 @@ def _token2text(
         attrs[f"{label}_tokens"] = count
         if isinstance(target, dict):
             target[f"{label}_text"] = text
+
+
+def _fill_root(spans: list[SpanRecord], reward: float | None) -> None:
+    """The root (``trace_attr``) has no arguments of its own: show the first direct child's
+    inputs and the last one's outputs, so a trace list reads as prompt -> response, reward."""
+    root = spans[0]
+    children = [s for s in spans[1:] if s.parent_id == root.span_id]
+    if root.inputs is None and children:
+        root.inputs = children[0].inputs
+    if root.outputs is None:
+        last = children[-1].outputs if children else None
+        root.outputs = {"reward": reward, "output": last} if reward is not None else last
