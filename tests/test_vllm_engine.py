@@ -156,3 +156,96 @@ async def test_cancelled_request_does_not_wedge_engine(engine) -> None:
         engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0.0)), timeout=60
     )
     assert len(out.token_ids) == 4
+
+
+def test_from_config_maps_verl_rollout_keys(tmp_path: Path, monkeypatch) -> None:
+    """``make_engine`` builds the vLLM engine through ``from_config``: verl's keys map over."""
+    from rollout.engines import vllm_engine
+
+    seen: dict[str, object] = {}
+
+    def fake_init(self, model_path, **kwargs):
+        seen.update(kwargs, model_path=model_path)
+
+    monkeypatch.setattr(vllm_engine.VllmEngine, "__init__", fake_init)
+    config = {
+        "trainer": {"seed": 5},
+        "actor_rollout_ref": {
+            "model": {"path": str(tmp_path)},
+            "rollout": {"name": "vllm", "prompt_length": 2048, "response_length": 512,
+                        "gpu_memory_utilization": 0.5, "max_num_seqs": 8, "dtype": None},
+        },
+    }  # fmt: skip
+    vllm_engine.VllmEngine.from_config(config, enforce_eager=False)
+    assert seen == {
+        "model_path": str(tmp_path),
+        "max_model_len": 2560,
+        "gpu_memory_utilization": 0.5,
+        "max_num_seqs": 8,
+        "seed": 5,
+        "enforce_eager": False,
+    }
+
+
+@vllm_test
+async def test_traced_rollout_through_vllm_into_mlflow(engine, mlflow_uri: str) -> None:
+    """A real multi-turn agent-loop step on vLLM, traced into a real MLflow sqlite store."""
+    pytest.importorskip("mlflow")
+    import tracer
+    from rollout.config import load_config, trace_config
+    from rollout.worker import RolloutWorker, load_dataset
+    from tests.conftest import search_traces
+
+    config = load_config(
+        [
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.response_length=128",
+            "actor_rollout_ref.rollout.max_tokens_per_turn=64",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+            "data.train_batch_size=1",
+        ]
+    )
+    trace = trace_config(config)
+    tracer.init(
+        {**trace, "backend": "mlflow", "tracking_uri": mlflow_uri, "raise_internal_errors": True}
+    )
+    worker = RolloutWorker(config, engine)
+    row = load_dataset(config["data"]["train_files"])[0]
+    t0 = time.perf_counter()
+    result = await worker.run_step(1, [row])
+    dt = time.perf_counter() - t0
+    assert tracer.flush(60)
+
+    outs = {o.extra["rollout_n"]: o for o in result.outputs}
+    assert sorted(outs) == [0, 1]
+    tok = engine.tokenizer
+    for out in outs.values():
+        assert out.num_assistant_turns >= 1 and out.response_ids
+        assert len(out.response_mask) == len(out.response_ids)
+        assert out.response_logprobs is not None
+        assert len(out.response_logprobs) == len(out.response_ids)
+        assert out.reward is not None
+
+    traces = search_traces(mlflow_uri, trace["project_name"], "tags.step = '1'")
+    assert len(traces) == 2
+    for tr in traces:
+        tags = tr.info.tags
+        out = outs[int(tags["rollout_n"])]
+        assert tags["sample_index"] == str(row["index"])
+        spans = tr.data.spans
+        root = next(s for s in spans if s.parent_id is None)
+        assert root.name == "trajectory"
+        gens = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start_time_ns)
+        model_turns = [t for t in out.turns if t.role == "assistant"]
+        assert len(gens) == len(model_turns) == out.num_assistant_turns
+        for gen, turn in zip(gens, model_turns, strict=True):
+            assert gen.outputs["response_ids"] == turn.token_ids
+            assert gen.outputs["finish_reason"] == turn.finish_reason
+            # token2text: the tracer's decoded text is the tokenizer's decode of vLLM's ids
+            assert gen.outputs["response_text"] == tok.decode(turn.token_ids)
+        assert sum(s.name == "tool_call" for s in spans) == out.tool_calls
+        assert sum(s.span_type == "EVALUATOR" for s in spans) == 1  # the reward op
+    turns = [o.num_assistant_turns for o in outs.values()]
+    calls = [o.tool_calls for o in outs.values()]
+    print(f"\ntraced step: 2 trajectories, turns={turns}, tool calls={calls}, {dt:.1f}s")

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from rollout.engines.base import GenerateOutput, SamplingParams, stop_ids_for
@@ -137,6 +138,37 @@ class VllmEngine:
             self.model_path,
             self.start_seconds,
         )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> VllmEngine:
+        """Build from a verl-shaped config (what ``rollout.engines.make_engine`` passes).
+
+        Reads ``actor_rollout_ref.model.path`` (a builtin name or a local folder) and, when
+        present, verl's vLLM keys of ``actor_rollout_ref.rollout``: ``dtype``,
+        ``enforce_eager``, ``gpu_memory_utilization``, ``max_model_len`` (default
+        ``prompt_length + response_length``, at least 2048), ``max_num_seqs``,
+        ``max_num_batched_tokens``; ``seed`` from ``rollout.seed`` or ``trainer.seed``.
+        ``kwargs`` win over the config.
+        """
+        from rollout.models import resolve_model_path
+
+        aro = config["actor_rollout_ref"]
+        rollout = aro.get("rollout") or {}
+        opts: dict[str, Any] = {}
+        for key in ("dtype", "enforce_eager", "gpu_memory_utilization", "max_model_len"):
+            if rollout.get(key) is not None:
+                opts[key] = rollout[key]
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            if rollout.get(key) is not None:
+                opts[key] = int(rollout[key])
+        if "max_model_len" not in opts:
+            need = int(rollout.get("prompt_length") or 0) + int(rollout.get("response_length") or 0)
+            opts["max_model_len"] = max(2048, need)
+        seed = rollout.get("seed", (config.get("trainer") or {}).get("seed"))
+        if seed is not None:
+            opts["seed"] = int(seed)
+        opts.update(kwargs)
+        return cls(str(resolve_model_path(str(aro["model"]["path"]))), **opts)
 
     @staticmethod
     def _start_async(args: dict[str, Any]) -> Any:
