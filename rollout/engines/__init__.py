@@ -43,4 +43,8 @@ def make_engine(config: Mapping[str, Any], **kwargs: Any) -> Engine:
         return cls(load_tokenizer(path), kwargs.pop("script", []), **kwargs)
     if hasattr(cls, "from_config"):
         return cls.from_config(config, **kwargs)
-    return cls.from_pretrained(path, **kwargs)
+    if hasattr(cls, "from_pretrained"):
+        return cls.from_pretrained(path, **kwargs)
+    from rollout.models import resolve_model_path
+
+    return cls(str(resolve_model_path(path)), **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,7 +43,9 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
-        self.num_threads = num_threads
+        # torch threads for generation; default leaves one core to the event loop, tools and
+        # the tracer's exporter (2 torch threads on 2 busy cores ran 5x slower than 1)
+        self.num_threads = num_threads or max(1, (os.cpu_count() or 2) - 1)
         self.batches_run = 0
         self.batch_sizes: list[int] = []
         self._queue: asyncio.Queue[_Request] | None = None
@@ -50,6 +53,16 @@ class HFEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-generate")
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else tokenizer.eos_token_id
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], **kwargs: Any) -> HFEngine:
+        """Build from the verl-shaped config (model path, ``rollout.max_batch_size``,
+        ``rollout.num_threads``)."""
+        aro = config["actor_rollout_ref"]
+        rollout = aro["rollout"]
+        kwargs.setdefault("max_batch_size", int(rollout.get("max_batch_size") or 16))
+        kwargs.setdefault("num_threads", rollout.get("num_threads"))
+        return cls.from_pretrained(aro["model"]["path"], **kwargs)
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> HFEngine:
@@ -111,7 +124,7 @@ class HFEngine:
         """Blocking: one padded ``model.generate`` call (runs in the worker thread)."""
         import torch
 
-        if self.num_threads:
+        if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
         params = reqs[0].params
         stops = stop_ids_for(self.tokenizer, params)

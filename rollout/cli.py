@@ -1,0 +1,124 @@
+"""``rollout-tracer`` command line. Subcommands register themselves in :data:`SUBCOMMANDS`
+(``run`` here; ``export``, ``report``, ``ui``, ``replay`` can be added the same way)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]]
+SUBCOMMANDS = {}
+
+
+def subcommand(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None]):
+    """Decorator registering ``fn(args) -> exit code`` as subcommand ``name``."""
+
+    def wrap(fn: Callable[..., int]) -> Callable[..., int]:
+        SUBCOMMANDS[name] = (help, configure, fn)
+        return fn
+
+    return wrap
+
+
+def _configure_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=4")
+    p.add_argument("--config", help="a YAML config file instead of the packaged rollout.yaml")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _tracking_uri(trace: dict[str, Any]) -> str:
+    uri = trace.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    return uri or f"sqlite:///{os.path.abspath('mlflow.db')}"
+
+
+@subcommand("run", "run the rollout (verl-style config, dotted overrides)", _configure_run)
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the configured rollout with tracing; print where the traces are."""
+    import tracer
+    from rollout.config import load_config, trace_config
+    from rollout.engines import make_engine
+    from rollout.worker import RolloutWorker
+
+    try:  # configuration errors: a clear message and exit code 2, no traceback
+        config = load_config(args.overrides, args.config)
+        trace = trace_config(config)
+        backends = trace.get("backend")
+        names = backends if isinstance(backends, list) else [backends] if backends else []
+        if "mlflow" in names:
+            trace["tracking_uri"] = _tracking_uri(trace)
+        tracer.init(trace)
+    except (KeyError, ValueError) as exc:
+        print(f"rollout-tracer: error: {exc}", file=sys.stderr)
+        return 2
+    steps = int(config["trainer"]["total_steps"])
+    rollout = config["actor_rollout_ref"]["rollout"]
+    total = steps * int(config["data"]["train_batch_size"]) * int(rollout["n"])
+    t0 = time.perf_counter()
+    print(f"loading {rollout['name']} engine for {config['actor_rollout_ref']['model']['path']}")
+    engine = make_engine(config)
+    worker = RolloutWorker(config, engine)
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="trajectories", unit="traj", disable=args.no_progress)
+
+    def on_step(result: Any) -> None:
+        m = result.metrics()
+        bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
+        tqdm.write(f"step {result.step}: " + ", ".join(f"{k}={v:.2f}" for k, v in m.items()))
+
+    async def main() -> None:
+        try:
+            await worker.run(steps, on_done=lambda _: bar.update(1), on_step=on_step)
+        finally:
+            await engine.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        bar.close()
+        tracer.flush(timeout_s=60)
+        stats = tracer.metrics()
+        tracer.shutdown()
+    print(f"done: {total} trajectories in {time.perf_counter() - t0:.1f} s; tracer: {stats}")
+    _print_browse_hint(trace, names)
+    return 0
+
+
+def _print_browse_hint(trace: dict[str, Any], names: list[str]) -> None:
+    if "mlflow" in names:
+        uri = trace["tracking_uri"]
+        print("browse the traces:")
+        print(f"  mlflow ui --backend-store-uri {uri}")
+        print("  (or: rollout-tracer ui)")
+        print(f"  experiment: {trace.get('experiment_name')}; filter e.g. tags.step = '1'")
+        print("export them: rollout-tracer export --help")
+    elif "jsonl" in names:
+        print(f"traces written as JSONL (jsonl_path={trace.get('jsonl_path') or './traces/'})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="rollout-tracer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, configure, fn) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        configure(p)
+        p.set_defaults(func=fn)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rollout-tracer`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The rollout worker: batches of prompts, ``n`` samples each (GRPO groups), run concurrently
+with asyncio, one traced trajectory per sample, for a number of steps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tracer
+from rollout.agent_loop import SYSTEM_PROMPT, AgentLoopConfig, AgentLoopOutput, ToolAgentLoop
+from rollout.engines.base import Engine, SamplingParams
+from rollout.tools import default_tools
+
+BUILTIN_PREFIX = "builtin://"
+
+
+def load_dataset(path: str = "builtin://math_problems.jsonl") -> list[dict[str, Any]]:
+    """Rows of a JSONL dataset with ``question`` and ``answer``; ``builtin://NAME`` reads the
+    file shipped in ``rollout/data``. Each row gets ``index`` (its position)."""
+    if path.startswith(BUILTIN_PREFIX):
+        text = resources.files("rollout").joinpath("data", path[len(BUILTIN_PREFIX) :])
+        lines = text.read_text("utf-8").splitlines()
+    else:
+        lines = Path(path).expanduser().read_text("utf-8").splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
+    for i, row in enumerate(rows):
+        if "question" not in row or "answer" not in row:
+            raise ValueError(f"{path}: row {i} lacks 'question' or 'answer'")
+        row.setdefault("index", i)
+    return rows
+
+
+def iterate_batches(
+    rows: list[dict[str, Any]], batch_size: int, seed: int = 0, shuffle: bool = True
+) -> Iterator[list[dict[str, Any]]]:
+    """Endless batches over ``rows`` (reshuffled each epoch, deterministic for ``seed``)."""
+    epoch = 0
+    while True:
+        order = list(range(len(rows)))
+        if shuffle:
+            random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            yield [rows[i] for i in order[start : start + batch_size]]
+        epoch += 1
+
+
+@dataclass
+class StepResult:
+    """All trajectories of one step and their summary metrics."""
+
+    step: int
+    outputs: list[AgentLoopOutput]
+
+    def metrics(self) -> dict[str, float]:
+        """Mean score/accuracy, turns, tool calls and response length of the step."""
+        n = max(1, len(self.outputs))
+        scores = [o.reward["score"] for o in self.outputs if o.reward]
+        accs = [o.reward["accuracy"] for o in self.outputs if o.reward]
+        return {
+            "score": sum(scores) / max(1, len(scores)),
+            "accuracy": sum(accs) / max(1, len(accs)),
+            "turns": sum(o.num_assistant_turns for o in self.outputs) / n,
+            "tool_calls": sum(o.tool_calls for o in self.outputs) / n,
+            "response_tokens": sum(len(o.response_ids) for o in self.outputs) / n,
+        }
+
+
+class RolloutWorker:
+    """Runs GRPO-style rollout steps with one engine and one tool agent loop."""
+
+    def __init__(self, config: dict[str, Any], engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        rollout = config["actor_rollout_ref"]["rollout"]
+        multi = rollout.get("multi_turn") or {}
+        enable = bool(multi.get("enable", True))
+        self.loop_config = AgentLoopConfig(
+            max_assistant_turns=int(multi.get("max_assistant_turns", 4)) if enable else 1,
+            response_length=int(rollout["response_length"]),
+            max_tool_response_length=int(multi.get("max_tool_response_length", 512)),
+            tool_response_truncate_side=multi.get("tool_response_truncate_side", "right"),
+            use_tools=enable,
+        )
+        tools = default_tools(multi.get("tools")) if enable else None
+        self.agent = ToolAgentLoop(engine, tools, self.loop_config)
+        self.n = int(rollout["n"])
+        self.reward_weight = float((config.get("reward") or {}).get("format_weight", 0.1))
+        self.sampling = SamplingParams(
+            max_tokens=int(rollout.get("max_tokens_per_turn") or rollout["response_length"]),
+            temperature=float(rollout.get("temperature", 1.0)),
+            top_p=float(rollout.get("top_p", 1.0)),
+            logprobs=bool(rollout.get("calculate_log_probs", False)),
+        )
+        self.prompt_length = int(rollout["prompt_length"])
+        self.seed = int(config.get("trainer", {}).get("seed", 0))
+
+    def messages_for(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chat messages for one dataset row."""
+        return [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": row["question"]}]  # fmt: skip
+
+    async def run_sample(self, step: int, row: dict[str, Any], k: int) -> AgentLoopOutput:
+        """One trajectory: sample ``k`` of the GRPO group of ``row`` at ``step``."""
+        params = SamplingParams(**{**self.sampling.__dict__})
+        key = f"{self.seed}:{step}:{row['index']}:{k}".encode()
+        params.seed = zlib.crc32(key)
+        with tracer.trace_attr(
+            step=step, sample_index=row["index"], rollout_n=k, validate=False,
+            name="trajectory", policy_version=step,
+        ):  # fmt: skip
+            out = await self.agent.run(
+                self.messages_for(row), params, ground_truth=row["answer"],
+                request_id=f"s{step}-i{row['index']}-n{k}",
+            )  # fmt: skip
+        out.extra.update(step=step, sample_index=row["index"], rollout_n=k, policy_version=step)
+        return out
+
+    async def run_step(
+        self,
+        step: int,
+        batch: list[dict[str, Any]],
+        on_done: Callable[[AgentLoopOutput], None] | None = None,
+    ) -> StepResult:
+        """All ``len(batch) * n`` trajectories of one step, concurrently."""
+
+        async def one(row: dict[str, Any], k: int) -> AgentLoopOutput:
+            out = await self.run_sample(step, row, k)
+            if on_done is not None:
+                on_done(out)
+            return out
+
+        outs = await asyncio.gather(*(one(row, k) for row in batch for k in range(self.n)))
+        return StepResult(step, list(outs))
+
+    async def run(
+        self,
+        total_steps: int,
+        on_done: Callable[[AgentLoopOutput], None] | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+    ) -> list[StepResult]:
+        """Run ``total_steps`` steps over the configured dataset (steps count from 1)."""
+        data = self.config["data"]
+        rows = load_dataset(data["train_files"])
+        batches = iterate_batches(
+            rows, int(data["train_batch_size"]), int(data.get("seed", 0)),
+            bool(data.get("shuffle", True)),
+        )  # fmt: skip
+        results = []
+        for step in range(1, total_steps + 1):
+            result = await self.run_step(step, next(batches), on_done)
+            results.append(result)
+            if on_step is not None:
+                on_step(result)
+        return results
