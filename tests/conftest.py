@@ -18,7 +18,9 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 
 
 @pytest.fixture(autouse=True)
-def _fresh_tracer() -> Iterator[None]:
+def _fresh_tracer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # Defaults that live in the working directory (./mlflow.db, the spool) go to tmp_path.
+    monkeypatch.chdir(tmp_path)
     tracer.reset()
     yield
     tracer.reset()

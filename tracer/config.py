@@ -47,6 +47,11 @@ class TraceConfig:
     export_batch_size: int = 256
     export_max_retries: int = 3
     export_timeout_s: float = 30.0
+    # spool: the write-ahead log that outlives backend outages and crashes (tracer/spool.py)
+    spool: bool = True
+    spool_dir: str | None = None  # default: ./.rollout-tracer/spool
+    max_spool_bytes: int = 2 * 1024**3
+    replay_interval_s: float = 2.0
     # identity
     worker_id: str = field(default_factory=_default_worker_id)
     # backend options
@@ -75,6 +80,7 @@ class TraceConfig:
             "max_field_chars",
             "max_list_items",
             "export_batch_size",
+            "max_spool_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -31,6 +31,7 @@ class InMemoryExporter:
     """Keeps every exported record in a list; backend name ``memory``."""
 
     name = "memory"
+    spoolable = False  # a new process has a new memory: nothing to replay into
     _instances: list[InMemoryExporter] = []
 
     def __init__(self, config: TraceConfig | None = None) -> None:
