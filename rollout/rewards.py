@@ -69,7 +69,7 @@ class RewardResult:
         return dict(self.__dict__)
 
 
-@trace_op(kind="reward")
+@trace_op(kind="reward", name="reward")
 def compute_reward(
     final_text: str,
     ground_truth: str | int | float,

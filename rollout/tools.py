@@ -91,6 +91,7 @@ _FUNCS = {
     "floor": math.floor, "ceil": math.ceil,
 }  # fmt: skip
 _MAX_ABS = 10**100
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _MAX_EXPONENT = 1000
 
 
@@ -103,7 +104,8 @@ def safe_eval(expression: str) -> int | float:
     if len(expression) > 500:
         raise ToolError("expression too long (max 500 characters)")
     try:
-        tree = ast.parse(expression.replace("^", "**").replace(",", ""), mode="eval")
+        text = _THOUSANDS.sub("", expression.replace("^", "**"))  # "1,234" -> "1234"
+        tree = ast.parse(text, mode="eval")
     except SyntaxError as exc:
         raise ToolError(f"invalid expression: {exc.msg}") from None
 
@@ -294,7 +296,7 @@ class ToolRegistry:
         """OpenAI tool schemas for the chat template."""
         return [t.schema() for t in self.tools.values()]
 
-    @trace_op(kind="tool", name="tool_call")
+    @trace_op(kind="tool", name="call_tool")
     async def call(
         self, name: str, arguments: dict[str, Any], parse_error: str | None = None
     ) -> ToolResult:
