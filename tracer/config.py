@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,10 @@ class TraceConfig:
     spool_dir: str | None = None  # default: ./.rollout-tracer/spool
     max_spool_bytes: int = 2 * 1024**3
     replay_interval_s: float = 2.0
+    # redaction of secrets in everything exported (tracer/redact.py)
+    redact: bool = True
+    redact_patterns: list[str] = field(default_factory=list)
+    redact_callback: Any = None  # (text: str) -> str
     # identity
     worker_id: str = field(default_factory=_default_worker_id)
     # backend options
@@ -89,6 +94,13 @@ class TraceConfig:
             raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s!r}")
         if self.export_max_retries < 0:
             raise ConfigError(f"export_max_retries must be >= 0, got {self.export_max_retries!r}")
+        for pattern in self.redact_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"invalid redact pattern {pattern!r}: {exc}") from exc
+        if self.redact_callback is not None and not callable(self.redact_callback):
+            raise ConfigError("redact_callback must be a callable (text: str) -> str")
         if self.on_backend_error not in ("raise", "warn"):
             raise ConfigError(
                 f"on_backend_error must be 'raise' or 'warn', got {self.on_backend_error!r}"

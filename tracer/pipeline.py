@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.backends.base import Exporter, ExportResult
 from tracer.process import build_record
 from tracer.record import TrajectoryRecord
+from tracer.redact import Redactor
 from tracer.spool import BackendSpool, default_spool_dir, read_batch
 
 if TYPE_CHECKING:
@@ -279,6 +280,8 @@ class Pipeline:
         self.factories = exporter_factories
         self.tokenizer = tokenizer
         self.errors = InternalErrors(config.raise_internal_errors)
+        self.redactor = (Redactor(config.redact_patterns, config.redact_callback)
+                         if config.redact else None)
         self._init_state()
         self.workers = [self._worker(f()) for f in exporter_factories]
         self._forked = False
@@ -379,7 +382,10 @@ class Pipeline:
                 if not self.sampler.confirm(traj.step, traj.sample_index, traj.validate):
                     continue  # displaced by a sample with a lower hash before it was exported
                 try:
-                    records.append(build_record(traj, self.config, tokenizer))
+                    record = build_record(traj, self.config, tokenizer)
+                    if self.redactor is not None:
+                        record = self.redactor.record(record)
+                    records.append(record)
                 except Exception as exc:
                     self.process_errors += 1
                     self.errors.report("building a trace record", exc)

@@ -10,6 +10,7 @@ serializes, decodes or does I/O.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 # Names the token2text stage looks for; read off arbitrary objects as plain attributes too.
@@ -117,7 +118,13 @@ def _snap(x: Any, b: _Budget, depth: int) -> Any:
     return _snap_object(x, t, b, depth)
 
 
+_ENVIRON_TYPE = type(os.environ)
+ENVIRON_MARKER = "<environment variables: never captured by rollout-tracer>"
+
+
 def _snap_object(x: Any, t: type, b: _Budget, depth: int) -> Any:
+    if t is _ENVIRON_TYPE:
+        return ENVIRON_MARKER
     module = t.__module__
     if module == "numpy":
         if hasattr(x, "copy") and hasattr(x, "shape"):

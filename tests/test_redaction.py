@@ -1,0 +1,93 @@
+"""Secrets never leave the process: every built-in pattern, env values, user patterns and a
+callback, checked in what the MLflow store and the JSONL file really hold."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracer
+from tests.conftest import search_traces
+
+SECRETS = {
+    "openai": "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789",
+    "wandb": "WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567",
+    "aws": "AKIAIOSFODNN7EXAMPLE",
+    "aws_secret": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "bearer": "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig",
+    "hf": "hf_abcdefghijklmnopqrstuvwxyz",
+}
+
+
+def _trace_secrets(env_secret: str) -> None:
+    @tracer.trace_op(kind="tool")
+    def call_api(prompt: str, headers: dict[str, str], env: Any) -> str:
+        return f"echo {prompt} with {headers['auth']} and {env_secret}"
+
+    with tracer.trace_attr(step=1, sample_index=0):
+        call_api(
+            "my key is " + SECRETS["openai"] + " " + SECRETS["wandb"],
+            {
+                "auth": SECRETS["bearer"],
+                "aws": SECRETS["aws"] + " " + SECRETS["aws_secret"],
+                "hf": SECRETS["hf"],
+                "custom": "ticket-98765",
+                "env": env_secret,
+            },
+            os.environ,
+        )
+
+
+@pytest.mark.parametrize("backend", ["mlflow", "jsonl"])
+def test_every_pattern_is_redacted_in_backend_output(
+    backend: str, tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+):
+    env_secret = "s3cr3t-value-from-the-env"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", env_secret)
+    jsonl = tmp_path / "t.jsonl"
+    tracer.init(
+        backend=backend,
+        tracking_uri=mlflow_uri,
+        jsonl_path=str(jsonl),
+        project_name="redact",
+        redact_patterns=[r"ticket-\d+"],
+        redact_callback=lambda s: s.replace("echo", "ECHO"),
+        raise_internal_errors=True,
+    )
+    _trace_secrets(env_secret)
+    assert tracer.flush(60)
+    if backend == "mlflow":
+        [trace] = search_traces(mlflow_uri, "redact")
+        stored = trace.to_json()
+    else:
+        stored = jsonl.read_text()
+    for name, secret in SECRETS.items():
+        core = secret.split()[-1].split("=")[-1]
+        assert core not in stored, f"{name} leaked"
+    assert env_secret not in stored and "ticket-98765" not in stored
+    assert "[REDACTED]" in stored
+    assert "ECHO" in stored  # the user callback ran
+    assert "environment variables: never captured" in stored
+    assert os.environ.get("PATH", "") not in stored  # the environment itself is not captured
+
+
+def test_redaction_can_be_turned_off_and_bad_pattern_is_a_config_error(tmp_path: Path):
+    with pytest.raises(tracer.ConfigError, match="invalid redact pattern"):
+        tracer.init(backend="memory", redact_patterns=["(unclosed"])
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"), redact=False)
+    with tracer.trace_attr(step=0, sample_index=0):
+        pass
+
+    @tracer.trace_op(kind="tool")
+    def tool(x: str) -> str:
+        return x
+
+    with tracer.trace_attr(step=0, sample_index=1):
+        tool(SECRETS["openai"])
+    assert tracer.flush(30)
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert any(SECRETS["openai"] in json.dumps(r) for r in lines)
