@@ -18,8 +18,8 @@ MARK = "[REDACTED]"
 
 BUILTIN_PATTERNS: dict[str, str] = {
     "openai-key": r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{16,}",
-    "wandb-key": r"(?i:\b(?:wandb[_\- ]?api[_\- ]?key|wandb_key)\s*[=:]\s*['\"]?[A-Za-z0-9_\-]{20,})"
-    r"|\b(?:local-)?[0-9a-f]{40}\b",
+    "wandb-key": r"(?i:\b(?:wandb[_\- ]?api[_\- ]?key|wandb_key)\s*[=:]\s*['\"]?"
+    r"[A-Za-z0-9_\-]{20,})|\b(?:local-)?[0-9a-f]{40}\b",
     "aws-access-key": r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
     "aws-secret": r"(?i:aws_secret_access_key\s*[=:]\s*['\"]?[A-Za-z0-9/+=]{30,})",
     "bearer": r"(?i:\bbearer\s+[A-Za-z0-9._~+/=\-]{8,})",
