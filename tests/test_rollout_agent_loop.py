@@ -1,0 +1,154 @@
+"""Scripted multi-turn trajectories with the real SmolLM2 tokenizer, traced into a real MLflow
+sqlite store and read back with MLflow's own client."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import tracer
+from rollout.agent_loop import SYSTEM_PROMPT, AgentLoopConfig, ToolAgentLoop
+from rollout.config import load_config
+from rollout.engines import make_engine
+from rollout.engines.base import SamplingParams
+from rollout.engines.scripted import ScriptedEngine
+from rollout.tools import default_tools
+from rollout.worker import RolloutWorker
+from tests.conftest import search_traces
+
+EXP = "rollout-tests"
+CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
+SCRIPT = {
+    "apples": [f"First 3*4.\n{CALL.format('3*4')}", f"Now add 2.\n{CALL.format('12+2')}",
+               "So the total is 14.\n#### 14"],
+}  # fmt: skip
+BAD_CALLS = [
+    '<tool_call>{"name": "web", "arguments": {}}</tool_call>',  # unknown tool
+    "<tool_call>{not json</tool_call>",  # invalid JSON
+    '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>',  # bad args
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "__import__(\'os\')"}}'
+    "</tool_call>",  # unsafe
+    '<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>',
+    '<tool_call>{"name": "python", "arguments": {"code": "import os; os.abort()"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": "oops"}</tool_call>',
+]
+
+
+def messages(question: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def test_three_turn_trajectory_in_mlflow(mlflow_uri: str, smollm2_tokenizer: Any) -> None:
+    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP, token2text=True,
+                experiment_name="scripted", raise_internal_errors=True)  # fmt: skip
+    loop = ToolAgentLoop(ScriptedEngine(smollm2_tokenizer, SCRIPT), default_tools())
+
+    async def main() -> Any:
+        with tracer.trace_attr(step=1, sample_index=5, rollout_n=0, policy_version=1):
+            return await loop.run(messages("3 bags of 4 apples and 2 more?"),
+                                  SamplingParams(max_tokens=64), ground_truth=14)  # fmt: skip
+
+    out = asyncio.run(main())
+    assert out.finish_reason == "stop" and out.num_assistant_turns == 3
+    assert (out.tool_calls, out.tool_errors) == (2, 0)
+    assert out.reward["score"] == pytest.approx(1.1)
+    # response mask: model tokens are exactly the assistant turns
+    assert len(out.response_mask) == len(out.response_ids)
+    model = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m]
+    assert model == [t for turn in out.turns if turn.role == "assistant" for t in turn.token_ids]
+    assert [t.role for t in out.turns] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    # the incremental token stream equals the template rendering of the final conversation
+    text = smollm2_tokenizer.decode(out.prompt_ids + out.response_ids)
+    assert "<|im_start|>tool\n12<|im_end|>\n<|im_start|>assistant\nNow add 2." in text
+    assert text.endswith("#### 14<|im_end|>")
+    assert tracer.flush(60)
+
+    [trace] = search_traces(mlflow_uri, EXP, "tags.step = '1'")
+    tags = trace.info.tags
+    assert (tags["step"], tags["sample_index"], tags["rollout_n"]) == ("1", "5", "0")
+    spans = trace.data.spans
+    root = next(s for s in spans if s.parent_id is None)
+    assert root.name == "trajectory" and root.span_type == "AGENT"
+    run = next(s for s in spans if s.name == "run")
+    assert run.parent_id == root.span_id
+    kinds = sorted((s.name, s.span_type) for s in spans if s.parent_id == run.span_id)
+    assert kinds == sorted(
+        [("generate", "CHAT_MODEL")] * 3 + [("parse", "PARSER")] * 3
+        + [("call_tool", "TOOL")] * 2 + [("reward", "EVALUATOR")]
+    )  # fmt: skip
+    gens = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start_time_ns)
+    assert [g.outputs["finish_reason"] for g in gens] == ["stop"] * 3
+    assert gens[1].outputs["response_text"].startswith("Now add 2.")
+    assert [len(g.inputs["messages"]) for g in gens] == [2, 4, 6]
+    tools = sorted((s for s in spans if s.name == "call_tool"), key=lambda s: s.start_time_ns)
+    assert [t.inputs["arguments"] for t in tools] == [{"expression": "3*4"},
+                                                      {"expression": "12+2"}]  # fmt: skip
+    assert [t.outputs["content"] for t in tools] == ["12", "14"]
+    reward = next(s for s in spans if s.name == "reward")
+    assert reward.outputs["score"] == pytest.approx(1.1)
+
+
+def test_every_bad_tool_call_is_an_error_response(smollm2_tokenizer: Any, traces: Any) -> None:
+    script = {"eggs": ["".join(BAD_CALLS), "Sorry.\n#### 0"]}
+    tools = default_tools()
+    tools.tools["python"].timeout_s = 1.0  # type: ignore[attr-defined]
+    loop = ToolAgentLoop(ScriptedEngine(smollm2_tokenizer, script), tools)
+
+    async def main() -> Any:
+        with tracer.trace_attr(step=0, sample_index=0, rollout_n=0):
+            return await loop.run(messages("How many eggs?"), SamplingParams(max_tokens=400))
+
+    out = asyncio.run(main())
+    assert out.finish_reason == "stop" and out.num_assistant_turns == 2
+    assert out.tool_calls == out.tool_errors == len(BAD_CALLS)
+    tool_msgs = [m for m in out.messages if m["role"] == "tool"]
+    assert len(tool_msgs) == len(BAD_CALLS)
+    assert all(m["content"].startswith("Error: ") for m in tool_msgs)
+    joined = "\n".join(m["content"] for m in tool_msgs)
+    for needle in (
+        "unknown tool 'web'",
+        "invalid JSON",
+        "missing required argument",
+        "unsupported syntax",
+        "timed out",
+        "exit code",
+        "invalid JSON in arguments",
+    ):
+        assert needle in joined  # fmt: skip
+    tracer.flush(30)
+    [record] = traces.records
+    tool_spans = [s for s in record.spans if s.kind == "tool"]
+    assert len(tool_spans) == len(BAD_CALLS) and all(s.status == "OK" for s in tool_spans)
+
+
+def test_length_and_turn_limits(smollm2_tokenizer: Any) -> None:
+    forever = ScriptedEngine(smollm2_tokenizer, lambda prompt, i: CALL.format("1+1"))
+    loop = ToolAgentLoop(forever, default_tools(), AgentLoopConfig(max_assistant_turns=2))
+    out = asyncio.run(loop.run(messages("q"), SamplingParams(max_tokens=64)))
+    assert out.finish_reason == "max_turns" and out.num_assistant_turns == 2
+    loop = ToolAgentLoop(forever, default_tools(), AgentLoopConfig(response_length=40))
+    out = asyncio.run(loop.run(messages("q"), SamplingParams(max_tokens=64)))
+    assert out.finish_reason == "length" and len(out.response_ids) <= 40
+
+
+def test_worker_runs_grpo_groups_with_policy_version(mlflow_uri: str) -> None:
+    config = load_config([
+        "actor_rollout_ref.rollout.name=scripted", "trainer.total_steps=2",
+        "data.train_batch_size=3", "actor_rollout_ref.rollout.n=2",
+    ])  # fmt: skip
+    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
+                token2text=True, raise_internal_errors=True)  # fmt: skip
+    engine = make_engine(config, script=lambda p, i: f"{CALL.format('2+2')}" if i % 2 else "#### 4")
+    worker = RolloutWorker(config, engine)
+    results = asyncio.run(worker.run(2))
+    assert [len(r.outputs) for r in results] == [6, 6]
+    assert all(o.extra["policy_version"] == r.step for r in results for o in r.outputs)
+    assert tracer.flush(60)
+    step2 = search_traces(mlflow_uri, EXP, "tags.step = '2'")
+    assert len(step2) == 6
+    groups: dict[str, set[str]] = {}
+    for t in step2:
+        groups.setdefault(t.info.tags["sample_index"], set()).add(t.info.tags["rollout_n"])
+    assert len(groups) == 3 and all(v == {"0", "1"} for v in groups.values())

@@ -1,0 +1,114 @@
+"""The real transformers engine: batching, finish reasons, logprobs, and a traced end-to-end
+rollout with the real SmolLM2 model and tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import tracer
+from rollout.config import load_config
+from rollout.engines import make_engine
+from rollout.engines.base import SamplingParams
+from rollout.worker import RolloutWorker
+from tests.conftest import search_traces
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_engine() -> Any:
+    from rollout.engines.hf import HFEngine
+
+    return HFEngine.from_pretrained("tiny-qwen3", batch_window_s=0.05)
+
+
+def _prompt(tok: Any, text: str) -> list[int]:
+    rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True)  # fmt: skip
+    return tok.encode(rendered, add_special_tokens=False)
+
+
+def test_tiny_qwen3_concurrent_requests_are_batched(tiny_engine: Any) -> None:
+    tok = tiny_engine.tokenizer
+    prompts = [_prompt(tok, q) for q in ("hi", "what is two plus two, please?", "count")]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3, logprobs=True)
+
+    async def main() -> list[Any]:
+        outs = await asyncio.gather(*(tiny_engine.generate(p, params) for p in prompts))
+        greedy = SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[])
+        outs.append(await tiny_engine.generate(prompts[0], greedy))
+        return outs
+
+    before = tiny_engine.batches_run
+    outs = asyncio.run(main())
+    assert tiny_engine.batch_sizes[before] == 3  # the three concurrent calls ran as one batch
+    for out in outs[:3]:
+        assert out.finish_reason in ("stop", "length") and 0 < len(out.token_ids) <= 12
+        assert out.logprobs is not None and len(out.logprobs) == len(out.token_ids)
+        assert all(lp <= 0.0 for lp in out.logprobs)
+        if out.finish_reason == "length":
+            assert len(out.token_ids) == 12
+    assert len(outs[3].token_ids) <= 5 and outs[3].logprobs is None
+
+
+def test_generate_does_not_block_the_event_loop(tiny_engine: Any) -> None:
+    prompt = _prompt(tiny_engine.tokenizer, "tell me a long story")
+
+    async def main() -> int:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        start = time.perf_counter()
+        await tiny_engine.generate(prompt, SamplingParams(max_tokens=48, temperature=1.0))
+        elapsed = time.perf_counter() - start
+        task.cancel()
+        return ticks if elapsed > 0.2 else 10**6
+
+    assert asyncio.run(main()) >= 5
+
+
+@pytest.mark.slow
+def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
+    config = load_config([
+        "trainer.total_steps=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.response_length=64",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=32",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+    ])  # fmt: skip
+    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="hf-e2e",
+                token2text=True, raise_internal_errors=True)  # fmt: skip
+    start = time.perf_counter()
+    engine = make_engine(config)
+
+    async def main() -> Any:
+        try:
+            return await RolloutWorker(config, engine).run(1)
+        finally:
+            await engine.close()
+
+    [result] = asyncio.run(main())
+    assert time.perf_counter() - start < 120
+    assert len(result.outputs) == 4
+    for out in result.outputs:
+        assert out.reward is not None and out.num_assistant_turns >= 1
+        assert len(out.response_logprobs) == len(out.response_ids) == len(out.response_mask)
+        assert out.turns[0].finish_reason in ("stop", "length")
+    assert max(engine.batch_sizes) >= 2  # the group's samples shared batches
+    assert tracer.flush(60)
+    traces = search_traces(mlflow_uri, "hf-e2e", "tags.step = '1'")
+    assert len(traces) == 4
+    for trace in traces:
+        gens = [s for s in trace.data.spans if s.name == "generate"]
+        assert gens and gens[0].outputs["response_text"]
+        assert gens[0].inputs["prompt_text"].startswith("<|im_start|>system\n")
+        assert any(s.name == "reward" for s in trace.data.spans)
