@@ -37,9 +37,14 @@ def safe_repr(x: Any, limits: Limits) -> str:
 
 
 def _cut_str(s: str, limits: Limits) -> str:
-    if len(s) <= limits.max_chars:
-        return s
-    return s[: limits.max_chars] + truncation_marker(len(s), limits.max_chars, "chars")
+    if len(s) > limits.max_chars:
+        s = s[: limits.max_chars] + truncation_marker(len(s), limits.max_chars, "chars")
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates (bytes decoded with surrogateescape)
+            s = s.encode("utf-8", "replace").decode("utf-8") + " [invalid UTF-8 replaced]"
+    return s
 
 
 def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None = None) -> Any:

@@ -92,8 +92,10 @@ def _snap(x: Any, b: _Budget, depth: int) -> Any:
             b.nbytes += 8
         return x
     b.nodes -= 1
-    if depth >= _MAX_DEPTH or b.nodes <= 0:
-        return ObjectSnapshot(t.__qualname__, {}, x)  # cycles and huge graphs stop here
+    if depth >= _MAX_DEPTH:  # cycles and very deep nesting stop here, visibly
+        return f"<{t.__qualname__} at depth {_MAX_DEPTH}: cyclic or too deeply nested, not copied>"
+    if b.nodes <= 0:
+        return f"<{t.__qualname__}: not copied, snapshot limit of 50000 objects per call reached>"
     if t is list or t is tuple:
         n = len(x)
         if n > b.max_items:

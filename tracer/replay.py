@@ -1,0 +1,82 @@
+"""Replay what a spool holds into its backends: ``rollout-tracer replay`` and ``replay()``.
+
+Each spool folder names its backend and the trace config it was written with, so replay needs
+no other configuration. Only batch files of processes that are gone are taken (a live
+process replays its own); exports are idempotent, so a batch replayed twice is stored once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracer.backends import create_exporter
+from tracer.backends.base import ExportResult
+from tracer.config import TraceConfig
+from tracer.spool import BackendSpool, read_batch, spool_folders
+
+log = logging.getLogger("tracer")
+
+
+@dataclass
+class ReplayResult:
+    replayed: dict[str, int] = field(default_factory=dict)  # backend folder -> trajectories
+    failed: dict[str, str] = field(default_factory=dict)  # backend folder -> why
+    left: dict[str, int] = field(default_factory=dict)  # batch files still waiting
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
+           progress: Callable[[int], None] | None = None) -> ReplayResult:
+    """Export every orphaned batch under ``spool_dir``; delete each once its backend has it.
+
+    ``overrides`` replace fields of the stored config (e.g. a new ``tracking_uri`` when the
+    server moved). ``progress`` is called with the number of trajectories after each batch.
+    """
+    result = ReplayResult()
+    for folder, meta in spool_folders(spool_dir):
+        name = meta["backend"]
+        stored = dict(meta.get("config") or {})
+        stored.update(overrides or {})
+        stored.update({"backend": [name], "spool_dir": spool_dir})
+        try:
+            config = TraceConfig.from_mapping(
+                {k: v for k, v in stored.items() if k in TraceConfig.__dataclass_fields__})
+            exporter = create_exporter(name, config)
+        except Exception as exc:
+            result.failed[folder.name] = f"cannot start backend {name}: {exc}"
+            continue
+        spool = BackendSpool(spool_dir, name, str(getattr(exporter, "destination", name)),
+                             config, config.max_spool_bytes)
+        if spool.dir != folder:  # the destination changed through overrides: read the old one
+            spool.dir = folder
+        done = 0
+        for orphan in spool.orphans():
+            path = spool.claim(orphan)
+            if path is None:
+                continue
+            records = read_batch(path)
+            try:
+                ok = not records or exporter.export(records) is ExportResult.SUCCESS
+            except Exception as exc:
+                ok = False
+                result.failed[folder.name] = f"{type(exc).__name__}: {exc}"
+            if not ok:
+                result.failed.setdefault(folder.name, "export failed")
+                break
+            spool.delete(path)
+            done += len(records)
+            if progress is not None:
+                progress(len(records))
+        try:
+            exporter.shutdown()
+        except Exception as exc:  # replay is done; report and go on
+            log.warning("rollout-tracer: shutting down %s after replay: %s", name, exc)
+        result.replayed[folder.name] = done
+        result.left[folder.name] = len(spool.orphans())
+    return result
