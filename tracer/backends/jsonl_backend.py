@@ -1,20 +1,51 @@
 """JSONL backend: one JSON object per trajectory, appended to a local file.
 
-Schema: ``TrajectoryRecord.to_dict()`` (see ``tracer.record``; ``schema_version`` in every
-line). Lines are written whole and flushed per batch, so a crash leaves at most a partial last
-line, which readers skip.
+File: ``config.jsonl_path``, default ``./traces/<project_name>/<experiment_name>.jsonl``. UTF-8,
+one trajectory per line, appended (several runs may share a file). Lines are written whole and
+fsynced per batch, so a crash leaves at most a partial last line, which :func:`read_jsonl`
+skips. Within a process a trajectory is written once (a retried batch is not duplicated);
+readers that merge files from several processes dedupe on ``trace_id``.
+
+Schema (version 1; the field ``schema_version`` is on every line and bumps on any change)::
+
+    {
+      "schema_version": 1,
+      "trace_id": "32 hex chars",          # unique per trajectory
+      "name": "trajectory",                # trace_attr(name=...)
+      "project_name": str, "experiment_name": str, "worker_id": "host:pid",
+      "step": int | null, "sample_index": any, "rollout_n": any, "validate": bool,
+      "policy_version": any, "reward": float | null,   # last numeric reward recorded
+      "status": "OK" | "ERROR",
+      "start_ns": int, "end_ns": int,      # wall clock, ns since the epoch
+      "attributes": {str: any},            # extra trace_attr(**attributes)
+      "spans": [                           # spans[0] is the root (kind "trajectory")
+        {"span_id": "16 hex", "parent_id": "16 hex" | null, "name": str,
+         "kind": "trajectory|generate|parse|tool|reward|retrieve|other",
+         "start_ns": int, "end_ns": int, "status": "OK" | "ERROR",
+         "error": {"type", "message", "traceback"} | null,
+         "inputs": any, "outputs": any,    # JSON-able snapshots, truncated with a marker
+         "attributes": {str: any}}         # prompt_text, response_tokens, tool_name, reward...
+      ]
+    }
+
+It is exactly ``TrajectoryRecord.to_dict()``; ``TrajectoryRecord.from_dict`` reads a line back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from tracer.backends.base import ExportResult
 from tracer.config import TraceConfig
-from tracer.record import TrajectoryRecord
+from tracer.record import SCHEMA_VERSION, TrajectoryRecord
+
+log = logging.getLogger("tracer")
 
 
 def default_jsonl_path(config: TraceConfig) -> str:
@@ -34,16 +65,21 @@ class JsonlExporter:
 
     def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
         lines = []
-        for record in batch:
-            if record.trace_id in self._written:
-                continue
-            lines.append(json.dumps(record.to_dict(), ensure_ascii=False, default=str))
-        if lines:
-            with self._lock, open(self.path, "a", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            self._written.update(r.trace_id for r in batch)
+        ids: set[str] = set()
+        with self._lock:
+            for record in batch:
+                if record.trace_id in self._written or record.trace_id in ids:
+                    continue
+                ids.add(record.trace_id)
+                lines.append(json.dumps(record.to_dict(), ensure_ascii=False, default=str))
+            if lines:
+                with open(self.path, "a+b") as f:
+                    # a writer that crashed mid-line left a fragment: start on a fresh line
+                    prefix = b"\n" if f.tell() > 0 and _last_byte(f) != b"\n" else b""
+                    f.write(prefix + ("\n".join(lines) + "\n").encode("utf-8"))
+                    f.flush()
+                    os.fsync(f.fileno())
+                self._written.update(ids)
         return ExportResult.SUCCESS
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
@@ -51,3 +87,52 @@ class JsonlExporter:
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         return None
+
+
+def _last_byte(f: Any) -> bytes:
+    f.seek(-1, os.SEEK_END)
+    last: bytes = f.read(1)
+    f.seek(0, os.SEEK_END)
+    return last
+
+
+def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[TrajectoryRecord]:
+    """Yield every trajectory in a JSONL trace file, in file order.
+
+    A partial last line (a writer interrupted mid-line) is skipped with a warning, and so is a
+    fragment a crashed writer left before later appends (``strict=True`` raises
+    ``ValueError`` naming the line instead). A line from a newer schema version than this
+    tracer knows always raises rather than being misread.
+
+    Example::
+
+        for record in read_jsonl("traces/gsm8k/grpo.jsonl"):
+            print(record.step, record.sample_index, record.reward)
+    """
+    with Path(path).open("rb") as f:
+        lines = f.read().split(b"\n")
+    # the text after the last newline is empty for a complete file, else a partial line
+    complete, tail = lines[:-1], lines[-1]
+    if tail.strip():
+        log.warning("rollout-tracer: %s ends with a partial line; skipped", path)
+    for lineno, raw in enumerate(complete, start=1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if strict:
+                raise ValueError(f"{path}:{lineno}: not a JSON trajectory record: {exc}") from exc
+            log.warning(
+                "rollout-tracer: %s:%d is not a whole record (%s); skipped", path, lineno, exc
+            )
+            continue
+        version = data.get("schema_version", 1)
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise ValueError(
+                f"{path}:{lineno}: schema_version {version!r} is newer than this tracer's "
+                f"({SCHEMA_VERSION}); upgrade rollout-tracer to read it"
+            )
+        yield TrajectoryRecord.from_dict(data)

@@ -14,15 +14,15 @@ pinned in pyproject.toml and tests exercise them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from tracer.backends.base import ExportResult
+from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
-from tracer.record import KINDS, SpanRecord, TrajectoryRecord
+from tracer.record import TrajectoryRecord
 
 log = logging.getLogger("tracer")
 
@@ -105,91 +105,16 @@ def mlflow_trace_id(trace_id: str) -> str:
     return f"tr-{trace_id}"
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
 def to_mlflow_spans(record: TrajectoryRecord) -> list[Any]:
-    """Finished MLflow ``Span`` objects for one trajectory (root first)."""
+    """Finished MLflow ``Span`` objects for one trajectory (root first).
+
+    Built by :func:`tracer.backends.otel_spans.to_readable_spans` (shared with the OTLP
+    backend), every attribute value JSON-encoded as MLflow's in-process spans expect.
+    """
     from mlflow.entities import Span
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import Event, ReadableSpan
-    from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
-    trace_int = int(record.trace_id, 16)
-    request_id = _dumps(mlflow_trace_id(record.trace_id))
-    resource = Resource.get_empty()
-    out = []
-    for i, span in enumerate(record.spans):
-        attrs: dict[str, Any] = {
-            "mlflow.traceRequestId": request_id,
-            "mlflow.spanType": _dumps(KINDS.get(span.kind, "UNKNOWN")),
-            "mlflow.spanInputs": _dumps(_inputs(record, span) if i == 0 else span.inputs),
-            "mlflow.spanOutputs": _dumps(_outputs(record, span) if i == 0 else span.outputs),
-            "rollout_tracer.kind": _dumps(span.kind),
-        }
-        for key, value in span.attributes.items():
-            attrs[key] = _dumps(value)
-        if i == 0:
-            for key, value in record.tags().items():
-                attrs[f"mlflow.traceTag.{key}"] = _dumps(value)
-            if record.reward is not None:
-                attrs["mlflow.traceTag.reward"] = _dumps(repr(float(record.reward)))
-                attrs["reward"] = _dumps(record.reward)
-            attrs["mlflow.traceTag.mlflow.traceName"] = _dumps(record.name)
-        events = []
-        if span.error is not None:
-            events.append(
-                Event(
-                    "exception",
-                    {
-                        "exception.type": span.error.get("type", ""),
-                        "exception.message": span.error.get("message", ""),
-                        "exception.stacktrace": span.error.get("traceback", ""),
-                    },
-                    timestamp=span.end_ns,
-                )
-            )
-        ctx = SpanContext(
-            trace_int,
-            int(span.span_id, 16),
-            is_remote=False,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED),
-        )
-        parent = (
-            SpanContext(trace_int, int(span.parent_id, 16), is_remote=False)
-            if span.parent_id
-            else None
-        )
-        status = (
-            Status(StatusCode.ERROR, (span.error or {}).get("message", ""))
-            if span.status == "ERROR"
-            else Status(StatusCode.OK)
-        )
-        otel = ReadableSpan(
-            name=span.name,
-            context=ctx,
-            parent=parent,
-            resource=resource,
-            attributes=attrs,
-            events=events,
-            start_time=span.start_ns,
-            end_time=span.end_ns,
-            status=status,
-        )
-        out.append(Span(otel))
-    return out
-
-
-def _inputs(record: TrajectoryRecord, root: SpanRecord) -> Any:
-    return {
-        "step": record.step,
-        "sample_index": record.sample_index,
-        "rollout_n": record.rollout_n,
-        "validate": record.validate,
-        **({"attributes": record.attributes} if record.attributes else {}),
-    }
-
-
-def _outputs(record: TrajectoryRecord, root: SpanRecord) -> Any:
-    return {"reward": record.reward, "num_spans": len(record.spans), "status": record.status}
+    request_id = dumps(mlflow_trace_id(record.trace_id))
+    spans = to_readable_spans(
+        record, encode=encode_all_json, extra_attributes={"mlflow.traceRequestId": request_id}
+    )
+    return [Span(otel) for otel in spans]

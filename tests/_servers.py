@@ -1,0 +1,215 @@
+"""Servers the backend tests run against: a real lean ``mlflow server`` in its own process group,
+and an in-process Weave trace server.
+
+The Weave cloud cannot be reached from the test machines (and weave ships no local server), so
+:class:`InProcessWeaveServer` implements the part of weave's trace-server interface that the
+real ``WeaveClient`` uses to write calls, and keeps every request it receives for assertions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def closed_port_url() -> str:
+    """An OTLP endpoint on 127.0.0.1 where nothing listens (connection refused at once)."""
+    return f"http://127.0.0.1:{free_port()}/v1/traces"
+
+
+class MlflowServer:
+    def __init__(self, url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.url = url
+        self.proc = proc
+        self.log_path = log_path
+
+    def experiment_id(self, name: str) -> str:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=self.url)
+        exp = client.get_experiment_by_name(name)
+        return str(exp.experiment_id) if exp is not None else str(client.create_experiment(name))
+
+
+def _mlflow_executable() -> str:
+    exe = Path(sys.executable).with_name("mlflow")
+    return str(exe) if exe.exists() else (shutil.which("mlflow") or "mlflow")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A lean ``mlflow server`` (1 worker, no job execution) on a free 127.0.0.1 port, started
+    in its own process group; the group is stopped at the end of the session."""
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    log_path = root / "server.log"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [
+        _mlflow_executable(),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--default-artifact-root",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {log_path.read_text()[-3000:]}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{url}/health", timeout=2) as resp,
+            ):
+                if resp.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server not healthy: {log_path.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield MlflowServer(url, proc, log_path)
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the process group we started (its pgid is the server's pid: start_new_session)."""
+    if proc.poll() is not None:
+        return
+    pgid = proc.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def _digest(value: Any) -> str:
+    data = json.dumps(value, sort_keys=True, default=str).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+class InProcessWeaveServer:
+    """Stands in for the Weave cloud (unreachable here): implements the trace-server methods
+    the real ``WeaveClient`` calls to write calls, objects, files and tables, and to query
+    calls back. Deliberately no catch-all ``__getattr__`` (it would make the client think this
+    server has a ``call_processor`` and break flushing)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.starts: list[dict[str, Any]] = []
+        self.ends: list[dict[str, Any]] = []
+        self.objs: list[dict[str, Any]] = []
+        self.files: dict[str, bytes] = {}
+        self.tables: dict[str, list[Any]] = {}
+
+    # writes ---------------------------------------------------------------------------
+    def call_start(self, req: Any) -> Any:
+        from weave.vendor.weave_server_sdk.types import CallStartResponse
+
+        start = dict(req["start"])
+        with self.lock:
+            self.starts.append(start)
+        return CallStartResponse(id=start["id"], trace_id=start["trace_id"])
+
+    def call_end(self, req: Any) -> Any:
+        with self.lock:
+            self.ends.append(dict(req["end"]))
+        return {}
+
+    def obj_create(self, req: Any) -> Any:
+        from weave.vendor.weave_server_sdk.types import ObjectCreateResponse
+
+        obj = dict(req["obj"])
+        digest = obj.get("expected_digest") or _digest(obj["val"])
+        with self.lock:
+            self.objs.append(obj)
+        return ObjectCreateResponse(digest=digest, object_id=obj["object_id"])
+
+    def file_create(self, req: Any) -> Any:
+        from weave.vendor.weave_server_sdk.types import FileCreateResponse
+
+        content = req.get("file")
+        if isinstance(content, tuple):  # (name, bytes[, content type])
+            content = content[1]
+        if hasattr(content, "read"):
+            content = content.read()
+        data = content if isinstance(content, bytes) else str(content).encode()
+        digest = req.get("expected_digest") or hashlib.sha256(data).hexdigest()
+        with self.lock:
+            self.files[digest] = data
+        return FileCreateResponse(digest=digest)
+
+    def table_create(self, req: Any) -> Any:
+        from weave.vendor.weave_server_sdk.types import TableCreateResponse
+
+        rows = list(req["table"]["rows"])
+        digest = _digest(rows)
+        with self.lock:
+            self.tables[digest] = rows
+        return TableCreateResponse(digest=digest, row_digests=[_digest(r) for r in rows])
+
+    # reads ----------------------------------------------------------------------------
+    def calls(self) -> list[dict[str, Any]]:
+        """Every call as start fields merged with its end fields, in start order."""
+        with self.lock:
+            ends = {e["id"]: e for e in self.ends}
+            out = []
+            for start in self.starts:
+                end = ends.get(start["id"], {})
+                out.append(
+                    {
+                        **start,
+                        "ended_at": end.get("ended_at"),
+                        "output": end.get("output"),
+                        "summary": end.get("summary"),
+                        "exception": end.get("exception"),
+                    }
+                )
+            return out
+
+    def calls_query_stream(self, req: Any) -> Iterator[Any]:
+        from weave.vendor.weave_server_sdk.types.call_read_response import Call
+
+        for call in self.calls():
+            yield Call.model_validate({k: v for k, v in call.items() if k in Call.model_fields})
+
+    def calls_query_stats(self, req: Any) -> Any:
+        from weave.vendor.weave_server_sdk.types import CallQueryStatsResponse
+
+        return CallQueryStatsResponse(count=len(self.starts))

@@ -1,0 +1,290 @@
+"""TrajectoryRecord -> finished OpenTelemetry ``ReadableSpan`` objects, shared by the MLflow and
+OTLP backends.
+
+Every span carries MLflow's attributes (``mlflow.spanType``, ``mlflow.spanInputs``,
+``mlflow.spanOutputs``; on the root span ``mlflow.traceTag.<key>`` for every
+``record.tags()`` entry and the reward), so an OTLP stream lands well in an MLflow server. With
+``semconv=True`` (the OTLP backend) spans also carry the OpenTelemetry GenAI semantic
+conventions, read by Phoenix, Langfuse, Jaeger and MLflow alike:
+
+=========== ========================== ==================================================
+kind        ``gen_ai.operation.name``  other attributes
+=========== ========================== ==================================================
+trajectory  invoke_agent               gen_ai.agent.name
+generate    chat                       gen_ai.usage.input_tokens / output_tokens,
+                                       gen_ai.input.messages / output.messages,
+                                       gen_ai.response.finish_reasons, gen_ai.request.model
+tool        execute_tool               gen_ai.tool.name, gen_ai.tool.call.id,
+                                       gen_ai.tool.call.arguments / result
+=========== ========================== ==================================================
+
+Attribute values are built as plain Python values and then encoded by ``encode``: the MLflow
+backend JSON-encodes every value (MLflow's in-process span format); the OTLP backend keeps
+strings, numbers and booleans as they are and JSON-encodes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from tracer.record import KINDS, SpanRecord, TrajectoryRecord
+
+SCOPE_NAME = "rollout-tracer"
+
+_OPERATION = {"trajectory": "invoke_agent", "generate": "chat", "tool": "execute_tool"}
+_JSON_KEYS = frozenset(
+    {
+        "mlflow.spanInputs",
+        "mlflow.spanOutputs",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+    }
+)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def encode_all_json(key: str, value: Any) -> Any:
+    """MLflow's in-process convention: every attribute value is a JSON string."""
+    return dumps(value)
+
+
+def encode_otlp(key: str, value: Any) -> Any:
+    """OTLP: primitives stay primitive; MLflow's payload keys and containers become JSON."""
+    if key in _JSON_KEYS:
+        return value if isinstance(value, str) and key.startswith("gen_ai.") else dumps(value)
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    return dumps(value)
+
+
+def root_inputs(record: TrajectoryRecord) -> Any:
+    """The root span's inputs: what the pipeline put there (the first child's inputs), else
+    the trajectory's identity."""
+    if record.spans and record.root.inputs is not None:
+        return record.root.inputs
+    return {
+        "step": record.step,
+        "sample_index": record.sample_index,
+        "rollout_n": record.rollout_n,
+        "validate": record.validate,
+        **({"attributes": record.attributes} if record.attributes else {}),
+    }
+
+
+def root_outputs(record: TrajectoryRecord) -> Any:
+    """The root span's outputs: what the pipeline put there (reward and last output), else a
+    summary with the reward."""
+    if record.spans and record.root.outputs is not None:
+        return record.root.outputs
+    return {"reward": record.reward, "num_spans": len(record.spans), "status": record.status}
+
+
+def span_attributes(
+    record: TrajectoryRecord, span: SpanRecord, is_root: bool, semconv: bool
+) -> dict[str, Any]:
+    """Plain-valued attributes of one span (not yet encoded)."""
+    attrs: dict[str, Any] = {
+        "mlflow.spanType": KINDS.get(span.kind, "UNKNOWN"),
+        "mlflow.spanInputs": root_inputs(record) if is_root else span.inputs,
+        "mlflow.spanOutputs": root_outputs(record) if is_root else span.outputs,
+        "rollout_tracer.kind": span.kind,
+    }
+    attrs.update(span.attributes)
+    if is_root:
+        for key, value in record.tags().items():
+            attrs[f"mlflow.traceTag.{key}"] = value
+        if record.reward is not None:
+            attrs["mlflow.traceTag.reward"] = repr(float(record.reward))
+            attrs["reward"] = record.reward
+        attrs["mlflow.traceTag.mlflow.traceName"] = record.name
+    if semconv:
+        attrs.update(genai_attributes(record, span))
+    return attrs
+
+
+def genai_attributes(record: TrajectoryRecord, span: SpanRecord) -> dict[str, Any]:
+    """OpenTelemetry GenAI semantic-convention attributes for one span."""
+    out: dict[str, Any] = {}
+    op = _OPERATION.get(span.kind)
+    if op is not None:
+        out["gen_ai.operation.name"] = op
+    attrs = span.attributes
+    inputs = span.inputs if isinstance(span.inputs, dict) else {}
+    if span.kind == "trajectory":
+        out["gen_ai.agent.name"] = record.name
+    elif span.kind == "generate":
+        for src, dst in (
+            ("prompt_tokens", "gen_ai.usage.input_tokens"),
+            ("response_tokens", "gen_ai.usage.output_tokens"),
+        ):
+            if isinstance(attrs.get(src), int):
+                out[dst] = attrs[src]
+        model = inputs.get("model")
+        if isinstance(model, str):
+            out["gen_ai.request.model"] = model
+        finish = attrs.get("finish_reason")
+        if isinstance(finish, str):
+            out["gen_ai.response.finish_reasons"] = [finish]
+        messages = _input_messages(inputs.get("messages"))
+        if messages:
+            out["gen_ai.input.messages"] = messages
+        output = _output_messages(span, finish if isinstance(finish, str) else None)
+        if output:
+            out["gen_ai.output.messages"] = output
+    elif span.kind == "tool":
+        name = attrs.get("tool_name")
+        if isinstance(name, str):
+            out["gen_ai.tool.name"] = name
+        for key in ("tool_call_id", "call_id", "id"):
+            value = inputs.get(key)
+            if isinstance(value, (str, int)) and not isinstance(value, bool):
+                out["gen_ai.tool.call.id"] = str(value)
+                break
+        if span.inputs is not None:
+            out["gen_ai.tool.call.arguments"] = span.inputs
+        if span.outputs is not None:
+            out["gen_ai.tool.call.result"] = span.outputs
+    if span.error is not None:
+        out["error.type"] = str(span.error.get("type", "Exception"))
+    return out
+
+
+def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    content = message.get("content")
+    if message.get("role") == "tool":
+        return [
+            {
+                "type": "tool_call_response",
+                "id": message.get("tool_call_id"),
+                "response": content,
+            }
+        ]
+    if isinstance(content, str):
+        parts.append({"type": "text", "content": content})
+    elif content is not None:
+        parts.append({"type": "text", "content": dumps(content)})
+    for call in message.get("tool_calls") or []:
+        if isinstance(call, dict):
+            function = call.get("function")
+            fn: dict[str, Any] = function if isinstance(function, dict) else call
+            parts.append(
+                {
+                    "type": "tool_call",
+                    "id": call.get("id"),
+                    "name": fn.get("name"),
+                    "arguments": fn.get("arguments"),
+                }
+            )
+    return parts
+
+
+def _input_messages(messages: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(messages, list) or not messages:
+        return None
+    out = [
+        {"role": str(m.get("role", "user")), "parts": _parts(m)}
+        for m in messages
+        if isinstance(m, dict)
+    ]
+    return out or None
+
+
+def _output_messages(span: SpanRecord, finish: str | None) -> list[dict[str, Any]] | None:
+    text = span.attributes.get("response_text")
+    outputs = span.outputs
+    if not isinstance(text, str) and isinstance(outputs, dict):
+        for key in ("content", "text", "response_text"):
+            if isinstance(outputs.get(key), str):
+                text = outputs[key]
+                break
+    if not isinstance(text, str) and isinstance(outputs, str):
+        text = outputs
+    if not isinstance(text, str):
+        return None
+    return [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": text}],
+            "finish_reason": finish or "stop",
+        }
+    ]
+
+
+def to_readable_spans(
+    record: TrajectoryRecord,
+    *,
+    semconv: bool = False,
+    encode: Callable[[str, Any], Any] = encode_all_json,
+    extra_attributes: dict[str, Any] | None = None,
+    resource: Any = None,
+) -> list[Any]:
+    """Finished ``opentelemetry.sdk.trace.ReadableSpan`` objects for one trajectory (root
+    first). ``extra_attributes`` are added to every span as given (already encoded)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+    trace_int = int(record.trace_id, 16)
+    if resource is None:
+        resource = Resource.get_empty()
+    scope = InstrumentationScope(SCOPE_NAME)
+    out = []
+    for i, span in enumerate(record.spans):
+        plain = span_attributes(record, span, i == 0, semconv)
+        attrs = dict(extra_attributes or {})
+        attrs.update({key: encode(key, value) for key, value in plain.items()})
+        events = []
+        if span.error is not None:
+            events.append(
+                Event(
+                    "exception",
+                    {
+                        "exception.type": span.error.get("type", ""),
+                        "exception.message": span.error.get("message", ""),
+                        "exception.stacktrace": span.error.get("traceback", ""),
+                    },
+                    timestamp=span.end_ns,
+                )
+            )
+        ctx = SpanContext(
+            trace_int,
+            int(span.span_id, 16),
+            is_remote=False,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        parent = (
+            SpanContext(trace_int, int(span.parent_id, 16), is_remote=False)
+            if span.parent_id
+            else None
+        )
+        status = (
+            Status(StatusCode.ERROR, (span.error or {}).get("message", ""))
+            if span.status == "ERROR"
+            else Status(StatusCode.OK)
+        )
+        out.append(
+            ReadableSpan(
+                name=span.name,
+                context=ctx,
+                parent=parent,
+                resource=resource,
+                attributes=attrs,
+                events=events,
+                start_time=span.start_ns,
+                end_time=span.end_ns,
+                status=status,
+                instrumentation_scope=scope,
+            )
+        )
+    return out

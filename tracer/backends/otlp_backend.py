@@ -1,0 +1,127 @@
+"""OTLP backend: trajectories as OpenTelemetry spans, POSTed over OTLP/HTTP to any collector.
+
+One trace per trajectory (the trace id is the record's), one span per op. Attributes follow the
+OpenTelemetry GenAI semantic conventions plus MLflow's span attributes (see
+:mod:`tracer.backends.otel_spans`), so the same stream lands well in an MLflow server
+(``/v1/traces`` with header ``x-mlflow-experiment-id``), Phoenix, Langfuse or Jaeger.
+
+Endpoint: ``config.otlp_endpoint`` (a base URL such as ``http://host:4318`` gets
+``/v1/traces`` appended), else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
+``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else ``http://localhost:4318/v1/traces``.
+Headers: ``OTEL_EXPORTER_OTLP_TRACES_HEADERS`` / ``OTEL_EXPORTER_OTLP_HEADERS``, overridden by
+``config.otlp_headers``. Each POST (with the SDK exporter's own retries) is bounded by
+``config.export_timeout_s``; a failed POST returns ``ExportResult.FAILURE`` and the pipeline
+retries it ``export_max_retries`` times, then counts it as failed.
+
+Spans are built as finished SDK ``ReadableSpan`` objects and handed straight to the SDK's
+``OTLPSpanExporter``: no global ``TracerProvider`` is installed or touched.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from tracer.backends.base import ExportResult
+from tracer.backends.otel_spans import encode_otlp, to_readable_spans
+from tracer.config import TraceConfig
+from tracer.record import TrajectoryRecord
+
+log = logging.getLogger("tracer")
+
+TRACES_PATH = "/v1/traces"
+MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-sending a replayed batch
+
+
+def resolve_endpoint(config: TraceConfig) -> str | None:
+    """The configured endpoint with ``/v1/traces`` added to a bare base URL; None lets the OTel
+    SDK read the standard environment variables."""
+    endpoint = config.otlp_endpoint
+    if not endpoint:
+        return None
+    parts = urlsplit(endpoint)
+    if not parts.scheme or not parts.netloc:
+        raise ValueError(
+            f"otlp_endpoint must be an http(s) URL such as http://127.0.0.1:4318/v1/traces, "
+            f"got {endpoint!r}"
+        )
+    if parts.path in ("", "/"):
+        return endpoint.rstrip("/") + TRACES_PATH
+    return endpoint
+
+
+def to_otel_spans(record: TrajectoryRecord, resource: Any = None) -> list[Any]:
+    """The OTel ``ReadableSpan`` objects the OTLP backend sends for one trajectory."""
+    return to_readable_spans(record, semconv=True, encode=encode_otlp, resource=resource)
+
+
+class OtlpExporter:
+    name = "otlp"
+
+    def __init__(self, config: TraceConfig, span_exporter: Any = None) -> None:
+        """``span_exporter``: any OTel SDK ``SpanExporter`` (default: OTLP/HTTP). Tests pass an
+        ``InMemorySpanExporter`` to see exactly the spans that would be sent."""
+        from opentelemetry.sdk.resources import Resource
+
+        self.config = config
+        self.resource = Resource.create(
+            {
+                "service.name": config.project_name,
+                "rollout_tracer.experiment_name": config.experiment_name,
+                "rollout_tracer.worker_id": config.worker_id,
+            }
+        )
+        if span_exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            span_exporter = OTLPSpanExporter(
+                endpoint=resolve_endpoint(config),
+                headers=dict(config.otlp_headers) or None,
+                timeout=config.export_timeout_s,
+            )
+        self.span_exporter = span_exporter
+        self.endpoint = str(getattr(span_exporter, "_endpoint", type(span_exporter).__name__))
+        # where the spans go (names this backend's spool folder): endpoint + routing headers
+        routing = sorted(k for k in config.otlp_headers if "auth" not in k.lower())
+        self.destination = self.endpoint + "".join(
+            f"|{k}={config.otlp_headers[k]}" for k in routing
+        )
+        self._lock = threading.Lock()
+        self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._failures = 0
+
+    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        with self._lock:
+            todo = [r for r in batch if r.trace_id not in self._exported]
+        if not todo:
+            return ExportResult.SUCCESS
+        spans = [s for record in todo for s in to_otel_spans(record, self.resource)]
+        result = self.span_exporter.export(spans)
+        if result is not SpanExportResult.SUCCESS:
+            self._failures += 1
+            if self._failures in (1, 10, 100) or self._failures % 1000 == 0:
+                log.warning(
+                    "rollout-tracer: OTLP export of %d spans to %s failed [%d times]",
+                    len(spans),
+                    self.endpoint,
+                    self._failures,
+                )
+            return ExportResult.FAILURE
+        with self._lock:
+            for r in todo:
+                self._exported[r.trace_id] = None
+            while len(self._exported) > MAX_REMEMBERED:  # replays only concern recent traces
+                self._exported.popitem(last=False)
+        return ExportResult.SUCCESS
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        return bool(self.span_exporter.force_flush(int(timeout_s * 1000)))
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        self.span_exporter.shutdown()

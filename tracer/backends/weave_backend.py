@@ -1,0 +1,247 @@
+"""Weave backend: each trajectory becomes a tree of Weave calls, created off the hot path.
+
+The trajectory is the root call (its id is the record's trace id as a UUID, so Weave's trace
+id equals it); every generate / parse / tool / reward span is a child call with its parent id,
+created through the real ``WeaveClient`` (``create_call`` / ``finish_call`` with explicit ids
+and timestamps) on the backend's own export thread. ``weave.op`` is never used and nothing is
+patched. Call ids are deterministic (derived from trace id and span id), so a replayed batch
+writes the same calls again; within a process a trajectory is sent once.
+
+What a call carries:
+
+- root: the root span's inputs and outputs (the first child's inputs; ``{reward, output}``),
+  ``summary["reward"]``; attributes ``step``,
+  ``sample_index``, ``rollout_n``, ``validate``, ``worker_id``, ``experiment_name``,
+  ``policy_version``, ``kind`` and the trajectory's extra attributes.
+- children: the op's inputs (wrapped as ``{"inputs": x}`` when not a dict) and output;
+  attributes ``kind``, ``step``, ``sample_index``, ``rollout_n`` and the span's derived
+  attributes (``prompt_text``, ``response_tokens``, ``tool_name``, ``reward``, ...). A failed op
+  finishes with its exception type and message.
+
+Connection: project ``config.project_name``, entity ``config.weave_entity`` (else
+``WANDB_ENTITY``, else the account's default entity). The W&B cloud (or the server at
+``WF_TRACE_SERVER_URL``) needs ``WANDB_API_KEY``; a missing key or an unreachable server raises
+at init. If the process already has a global Weave client for the same project (the user called
+``weave.init``), it is reused; otherwise the exporter's client becomes weave's global client
+(Weave records nothing without one) until shutdown. Tests inject a trace server with
+:func:`set_server_factory`.
+
+Uses ``WeaveClient`` directly (``_call_id_override`` is private): weave is pinned (0.54.0).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tracer.backends.base import ExportResult
+from tracer.backends.otel_spans import root_inputs, root_outputs
+from tracer.config import TraceConfig
+from tracer.record import SpanRecord, TrajectoryRecord
+
+log = logging.getLogger("tracer")
+
+MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-sending a replayed batch
+
+# config -> an object implementing weave's TraceServerClientInterface (tests: in-process)
+_server_factory: Callable[[TraceConfig], Any] | None = None
+
+
+def set_server_factory(factory: Callable[[TraceConfig], Any] | None) -> None:
+    """Make every new WeaveExporter talk to ``factory(config)`` instead of the W&B cloud
+    (``None`` restores the default). For tests and self-hosted in-process servers."""
+    global _server_factory
+    _server_factory = factory
+
+
+def call_id(record: TrajectoryRecord, span: SpanRecord) -> str:
+    """Deterministic Weave call id: the trace id for the root, trace prefix + span id below."""
+    if span.parent_id is None:
+        return str(uuid.UUID(hex=record.trace_id))
+    return str(uuid.UUID(hex=record.trace_id[:16] + span.span_id))
+
+
+def _time(ns: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+
+
+def _entity(config: TraceConfig, fallback: str | None) -> str | None:
+    return config.weave_entity or os.environ.get("WANDB_ENTITY") or fallback
+
+
+def connect(config: TraceConfig) -> Any:
+    """A WeaveClient for ``config.project_name`` on the W&B cloud or ``WF_TRACE_SERVER_URL``;
+    raises RuntimeError with what to set when credentials or the server are missing."""
+    from weave.trace import env as weave_env
+    from weave.trace.weave_client import WeaveClient
+    from weave.trace.weave_init import get_entity_project_from_project_name, init_weave_get_server
+    from weave.wandb_interface.context import get_wandb_auth_context
+
+    url = weave_env.weave_trace_server_url()
+    credentials = get_wandb_auth_context()
+    if credentials is None:
+        raise RuntimeError(
+            "the weave backend needs W&B credentials: set WANDB_API_KEY (or run `wandb login`); "
+            f"trace server {url} (set WF_TRACE_SERVER_URL for a self-hosted Weave server)"
+        )
+    server = init_weave_get_server(credentials)
+    try:
+        server.server_info()
+    except Exception as exc:
+        raise RuntimeError(
+            f"Weave trace server {url} is not reachable ({type(exc).__name__}: {exc}); check "
+            "WF_TRACE_SERVER_URL, the network and WANDB_API_KEY"
+        ) from exc
+    entity = _entity(config, None)
+    if entity is None:
+        entity, _ = get_entity_project_from_project_name(config.project_name)
+    return WeaveClient(entity, config.project_name, server, ensure_project_exists=True)
+
+
+def _make_client(config: TraceConfig) -> Any:
+    from weave.trace.context.weave_client_context import get_weave_client
+    from weave.trace.weave_client import WeaveClient
+
+    if _server_factory is not None:
+        server = _server_factory(config)
+        entity = _entity(config, "rollout-tracer") or "rollout-tracer"
+        return WeaveClient(entity, config.project_name, server, ensure_project_exists=False)
+    current = get_weave_client()
+    if (
+        current is not None
+        and current.project == config.project_name
+        and (config.weave_entity is None or current.entity == config.weave_entity)
+    ):
+        return current
+    return connect(config)
+
+
+class _RecordedError(Exception):
+    """Carries a recorded op failure (type name and message) into Weave's exception field."""
+
+
+def _exception(error: dict[str, Any] | None) -> BaseException:
+    error = error or {}
+    name = str(error.get("type") or "Exception").rsplit(".", 1)[-1] or "Exception"
+    cls = type(name, (_RecordedError,), {"__module__": "rollout_tracer.recorded"})
+    return cls(str(error.get("message", "")))
+
+
+class WeaveExporter:
+    name = "weave"
+
+    def __init__(self, config: TraceConfig, client: Any = None) -> None:
+        import weave  # noqa: F401  (ImportError -> "pip install rollout-tracer[weave]")
+
+        self.config = config
+        from weave.trace.context import weave_client_context
+
+        self.client = client if client is not None else _make_client(config)
+        # Weave's create_call records nothing while no global client is set; set ours when
+        # there is none (calls still go to self.client's project either way).
+        weave_client_context.set_weave_client_global(self.client)
+        self._installed_global = weave_client_context.get_weave_client() is self.client
+        self.destination = f"{self.client.entity}/{self.client.project}"  # names the spool
+        self._lock = threading.Lock()
+        self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+        from weave.trace.settings import override_settings
+
+        with self._lock:
+            todo = [r for r in batch if r.trace_id not in self._exported]
+        if not todo:
+            return ExportResult.SUCCESS
+        with override_settings(print_call_link=False):
+            for record in todo:
+                self._export_one(record)
+        self.client.flush()
+        with self._lock:
+            for r in todo:
+                self._exported[r.trace_id] = None
+            while len(self._exported) > MAX_REMEMBERED:
+                self._exported.popitem(last=False)
+        return ExportResult.SUCCESS
+
+    def _export_one(self, record: TrajectoryRecord) -> None:
+        client = self.client
+        calls: dict[str, Any] = {}
+        opened: list[tuple[SpanRecord, Any]] = []
+        root_id = record.root.span_id
+        for i, span in enumerate(record.spans):
+            parent = None
+            if i > 0:
+                parent = calls.get(span.parent_id or root_id, calls[root_id])
+            call = client.create_call(
+                span.name,
+                self._inputs(record, span, i == 0),
+                parent=parent,
+                attributes=self._attributes(record, span, i == 0),
+                display_name=span.name,
+                use_stack=False,
+                _call_id_override=call_id(record, span),
+                started_at=_time(span.start_ns),
+            )
+            calls[span.span_id] = call
+            opened.append((span, call))
+        # children first, so Weave's summary roll-up (status counts) sees them finished
+        for span, call in reversed(opened):
+            is_root = span is record.root
+            if is_root and record.reward is not None:
+                call.summary = {**(call.summary or {}), "reward": record.reward}
+            client.finish_call(
+                call,
+                root_outputs(record) if is_root else span.outputs,
+                exception=_exception(span.error) if span.status == "ERROR" else None,
+                ended_at=_time(span.end_ns),
+            )
+
+    @staticmethod
+    def _inputs(record: TrajectoryRecord, span: SpanRecord, is_root: bool) -> dict[str, Any]:
+        inputs = root_inputs(record) if is_root else span.inputs
+        if isinstance(inputs, dict):
+            return dict(inputs)
+        return {} if inputs is None else {"inputs": inputs}
+
+    @staticmethod
+    def _attributes(record: TrajectoryRecord, span: SpanRecord, is_root: bool) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            "kind": span.kind,
+            "step": record.step,
+            "sample_index": record.sample_index,
+            "rollout_n": record.rollout_n,
+        }
+        if is_root:
+            attrs.update(
+                validate=record.validate,
+                worker_id=record.worker_id,
+                experiment_name=record.experiment_name,
+                trace_id=record.trace_id,
+            )
+            if record.policy_version is not None:
+                attrs["policy_version"] = record.policy_version
+            if record.reward is not None:
+                attrs["reward"] = record.reward
+            for key, value in record.attributes.items():
+                attrs.setdefault(str(key), value)
+        for key, value in span.attributes.items():
+            attrs.setdefault(str(key), value)
+        attrs.pop("weave", None)  # reserved by Weave for its own metadata
+        return attrs
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        self.client.flush()
+        return True
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        from weave.trace.context import weave_client_context
+
+        self.client.flush()
+        if self._installed_global and weave_client_context.get_weave_client() is self.client:
+            weave_client_context.set_weave_client_global(None)
