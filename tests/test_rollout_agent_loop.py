@@ -90,11 +90,16 @@ def test_three_turn_trajectory_in_mlflow(mlflow_uri: str, smollm2_tokenizer: Any
     assert reward.outputs["score"] == pytest.approx(1.1)
 
 
-def test_every_bad_tool_call_is_an_error_response(smollm2_tokenizer: Any, traces: Any) -> None:
+def test_every_bad_tool_call_is_an_error_response(smollm2_tokenizer: Any) -> None:
+    from tracer.testing import InMemoryExporter
+
+    tracer.init(backend="memory", token2text=True, raise_internal_errors=True)
+    traces = InMemoryExporter.latest()
     script = {"eggs": ["".join(BAD_CALLS), "Sorry.\n#### 0"]}
     tools = default_tools()
     tools.tools["python"].timeout_s = 1.0  # type: ignore[attr-defined]
-    loop = ToolAgentLoop(ScriptedEngine(smollm2_tokenizer, script), tools)
+    config = AgentLoopConfig(response_length=2048)
+    loop = ToolAgentLoop(ScriptedEngine(smollm2_tokenizer, script), tools, config)
 
     async def main() -> Any:
         with tracer.trace_attr(step=0, sample_index=0, rollout_n=0):
