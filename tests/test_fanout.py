@@ -94,3 +94,28 @@ def test_otlp_down_others_get_everything(
     assert len(traces) == 10
     assert {t.info.trace_id.removeprefix("tr-") for t in traces} == {r.trace_id for r in records}
     assert len(search_traces(mlflow_uri, EXP, "tags.step = '2'")) == 5
+
+
+def test_jsonl_appends_once_and_reader_skips_partial_line(tmp_path: Path) -> None:
+    from tracer.backends.jsonl_backend import JsonlExporter
+    from tracer.testing import InMemoryExporter
+
+    tracer.init({"backend": "memory", "raise_internal_errors": True})
+    for i in range(3):
+        with tracer.trace_attr(step=1, sample_index=i):
+            compute_reward(call_tool("calc", {"expr": "2+2"}))
+    assert tracer.flush(timeout_s=30)
+    records = InMemoryExporter.latest().records
+    path = tmp_path / "t.jsonl"
+    exporter = JsonlExporter(tracer.TraceConfig(backend=None, jsonl_path=str(path)))
+    exporter.export(records[:2])
+    exporter.export(records[:2])  # a retried batch: not written twice
+    with path.open("ab") as f:
+        f.write(b'{"schema_version": 1, "trace_id": "cut mid-li')  # a crashed writer
+    assert [r.trace_id for r in read_jsonl(path)] == [r.trace_id for r in records[:2]]
+    exporter.export(records)  # appends on a fresh line after the fragment
+    back = list(read_jsonl(path))
+    assert [r.trace_id for r in back] == [r.trace_id for r in records]
+    assert back[0] == records[0]
+    with pytest.raises(ValueError, match="not a JSON trajectory record"):
+        list(read_jsonl(path, strict=True))
