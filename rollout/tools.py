@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -66,7 +67,9 @@ class Tool:
         unknown = [k for k in arguments if k not in props]
         if unknown:
             raise ToolError(f"unknown argument(s): {', '.join(unknown)}; valid: {', '.join(props)}")
-        types = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+        types: dict[str, type | tuple[type, ...]] = {
+            "string": str, "integer": int, "number": (int, float), "boolean": bool,
+        }  # fmt: skip
         for key, value in arguments.items():
             want = types.get(props[key].get("type", ""))
             if want is not None and (
@@ -80,13 +83,13 @@ class Tool:
 
 
 # --------------------------------------------------------------------------- calculator
-_BINOPS = {
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }  # fmt: skip
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCS = {
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCS: dict[str, Callable[..., Any]] = {
     "abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt,
     "floor": math.floor, "ceil": math.ceil,
 }  # fmt: skip
@@ -113,7 +116,7 @@ def safe_eval(expression: str) -> int | float:
         if isinstance(node, ast.Expression):
             return walk(node.body)
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
+            return node.value  # type: ignore[return-value]
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return _UNARY[type(node.op)](walk(node.operand))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
@@ -214,12 +217,13 @@ class PythonRunner(Tool):
             await proc.wait()
             raise ToolError(f"timed out after {self.timeout_s:g} s") from None
         stdout = out.decode("utf-8", "replace")[: self.max_output_chars]
-        if proc.returncode != 0:
+        code_rc = proc.returncode or 0
+        if code_rc != 0:
             lines = err.decode("utf-8", "replace").strip().splitlines()
-            last = lines[-1] if lines else f"killed by signal {-proc.returncode}"
-            if proc.returncode in (-signal.SIGKILL, -signal.SIGXCPU):
+            last = lines[-1] if lines else f"killed by signal {-code_rc}"
+            if code_rc in (-signal.SIGKILL, -signal.SIGXCPU):
                 last = "resource limit exceeded (CPU/memory)"
-            raise ToolError(f"exit code {proc.returncode}: {last[-500:]}\n{stdout}".rstrip())
+            raise ToolError(f"exit code {code_rc}: {last[-500:]}\n{stdout}".rstrip())
         return stdout.rstrip() or "(no output)"
 
 

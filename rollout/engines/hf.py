@@ -148,9 +148,7 @@ class HFEngine:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
-        rng = contextlib.nullcontext()
-        if params.seed is not None:
-            rng = torch.random.fork_rng()
+        rng: Any = torch.random.fork_rng() if params.seed is not None else contextlib.nullcontext()
         with torch.inference_mode(), rng:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
