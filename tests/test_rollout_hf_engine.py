@@ -112,3 +112,56 @@ def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
         assert gens and gens[0].outputs["response_text"]
         assert gens[0].inputs["prompt_text"].startswith("<|im_start|>system\n")
         assert any(s.name == "reward" for s in trace.data.spans)
+
+
+class _FirstTurnToolCall:
+    """The real engine, except that each conversation's first turn is a scripted tool call
+    (SmolLM2-135M does not call tools by itself): later turns run the real model on a prompt
+    that holds real tool-response tokens."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+
+    async def generate(self, prompt_ids: list[int], params: Any, request_id: Any = None) -> Any:
+        from rollout.engines.base import GenerateOutput
+
+        if self.tokenizer.decode(prompt_ids).count("<|im_start|>assistant") == 1:
+            text = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n'
+            ids = self.tokenizer.encode(text + "</tool_call><|im_end|>", add_special_tokens=False)
+            return GenerateOutput(ids, "stop", [0.0] * len(ids) if params.logprobs else None)
+        return await self.engine.generate(prompt_ids, params, request_id)
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+@pytest.mark.slow
+def test_smollm2_continues_after_a_tool_response(mlflow_uri: str) -> None:
+    config = load_config(["actor_rollout_ref.rollout.response_length=160",
+                          "actor_rollout_ref.rollout.max_tokens_per_turn=32"])  # fmt: skip
+    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="hf-mt",
+                token2text=True, raise_internal_errors=True)  # fmt: skip
+    engine = _FirstTurnToolCall(make_engine(config))
+    worker = RolloutWorker(config, engine)  # type: ignore[arg-type]
+    row = {"index": 0, "question": "What is 6 times 7?", "answer": 42}
+
+    async def main() -> Any:
+        try:
+            return await asyncio.gather(*(worker.run_sample(1, row, k) for k in range(2)))
+        finally:
+            await engine.close()
+
+    outs = asyncio.run(main())
+    for out in outs:
+        assert out.num_assistant_turns >= 2 and out.tool_calls >= 1
+        assert out.messages[3] == {"role": "tool", "name": "calculator", "content": "42"}
+        assert 0 in out.response_mask and out.response_mask[-1] == 1
+    assert tracer.flush(60)
+    [t0, t1] = search_traces(mlflow_uri, "hf-mt", "tags.step = '1'")
+    for trace in (t0, t1):
+        names = [s.name for s in trace.data.spans]
+        assert names.count("generate") >= 2 and "call_tool" in names
+        gens = sorted((s for s in trace.data.spans if s.name == "generate"),
+                      key=lambda s: s.start_time_ns)  # fmt: skip
+        assert "<|im_start|>tool\n42<|im_end|>" in gens[1].inputs["prompt_text"]
