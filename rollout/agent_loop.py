@@ -43,6 +43,7 @@ class AgentLoopConfig:
     """Limits of one trajectory (names follow verl's ``rollout`` / ``multi_turn`` sections)."""
 
     max_assistant_turns: int = 4
+    prompt_length: int | None = None  # longer prompts are rejected (ValueError), as in verl
     response_length: int = 256  # all response tokens: model + tool responses
     max_tool_response_length: int = 512  # characters of one tool response
     tool_response_truncate_side: str = "right"
@@ -188,6 +189,11 @@ class ToolAgentLoop:
         request_id = request_id or uuid.uuid4().hex
         messages = copy.deepcopy(messages)
         prompt_ids = self.encode(self.render(messages, add_generation_prompt=True))
+        if cfg.prompt_length is not None and len(prompt_ids) > cfg.prompt_length:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens, more than prompt_length="
+                f"{cfg.prompt_length} (actor_rollout_ref.rollout.prompt_length)"
+            )
         response: list[int] = []
         mask: list[int] = []
         logprobs: list[float] | None = [] if sampling.logprobs else None

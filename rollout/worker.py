@@ -83,6 +83,7 @@ class RolloutWorker:
         enable = bool(multi.get("enable", True))
         self.loop_config = AgentLoopConfig(
             max_assistant_turns=int(multi.get("max_assistant_turns", 4)) if enable else 1,
+            prompt_length=int(rollout["prompt_length"]),
             response_length=int(rollout["response_length"]),
             max_tool_response_length=int(multi.get("max_tool_response_length", 512)),
             tool_response_truncate_side=multi.get("tool_response_truncate_side", "right"),
@@ -98,7 +99,6 @@ class RolloutWorker:
             top_p=float(rollout.get("top_p", 1.0)),
             logprobs=bool(rollout.get("calculate_log_probs", False)),
         )
-        self.prompt_length = int(rollout["prompt_length"])
         self.seed = int(config.get("trainer", {}).get("seed", 0))
 
     def messages_for(self, row: dict[str, Any]) -> list[dict[str, Any]]:

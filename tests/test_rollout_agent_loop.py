@@ -136,6 +136,9 @@ def test_length_and_turn_limits(smollm2_tokenizer: Any) -> None:
     loop = ToolAgentLoop(forever, default_tools(), AgentLoopConfig(response_length=40))
     out = asyncio.run(loop.run(messages("q"), SamplingParams(max_tokens=64)))
     assert out.finish_reason == "length" and len(out.response_ids) <= 40
+    loop = ToolAgentLoop(forever, default_tools(), AgentLoopConfig(prompt_length=50))
+    with pytest.raises(ValueError, match="prompt_length=50"):
+        asyncio.run(loop.run(messages("q"), SamplingParams(max_tokens=64)))
 
 
 def test_worker_runs_grpo_groups_with_policy_version(mlflow_uri: str) -> None:
