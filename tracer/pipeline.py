@@ -64,8 +64,9 @@ class InternalErrors:
 class _Batch:
     __slots__ = ("n", "path", "records", "seq")
 
-    def __init__(self, seq: int, records: list[TrajectoryRecord] | None, path: Path | None,
-                 n: int) -> None:
+    def __init__(
+        self, seq: int, records: list[TrajectoryRecord] | None, path: Path | None, n: int
+    ) -> None:
         self.seq = seq
         self.records = records  # None once spilled: the batch lives only in its spool file
         self.path = path
@@ -81,8 +82,13 @@ class ExportWorker:
     order. Orphaned spool files of dead processes are replayed too.
     """
 
-    def __init__(self, exporter: Exporter, config: TraceConfig, errors: InternalErrors,
-                 spool: BackendSpool | None) -> None:
+    def __init__(
+        self,
+        exporter: Exporter,
+        config: TraceConfig,
+        errors: InternalErrors,
+        spool: BackendSpool | None,
+    ) -> None:
         self.exporter = exporter
         self.name = getattr(exporter, "name", type(exporter).__name__)
         self.config = config
@@ -106,8 +112,9 @@ class ExportWorker:
         self._last_orphan_scan = 0.0
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name=f"rollout-tracer-{self.name}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name=f"rollout-tracer-{self.name}", daemon=True
+        )
         self.thread.start()
 
     @property
@@ -117,16 +124,23 @@ class ExportWorker:
     def put(self, seq: int, records: list[TrajectoryRecord], lines: list[str] | None) -> None:
         path = self.spool.write(lines) if self.spool is not None and lines else None
         if self.spool is not None and path is None:
-            log.warning("rollout-tracer: spool of %s is full (%d bytes); batch kept in memory "
-                        "only", self.name, self.spool.max_bytes)
+            log.warning(
+                "rollout-tracer: spool of %s is full (%d bytes); batch kept in memory only",
+                self.name,
+                self.spool.max_bytes,
+            )
         with self.cond:
             keep: list[TrajectoryRecord] | None = records
             if self.held + len(records) > self.config.max_buffer_trajectories:
                 if path is None:
                     self.dropped += len(records)
-                    log.warning("rollout-tracer: backend %s is behind and its spool is full or "
-                                "off; dropped %d trajectories (%d so far)", self.name,
-                                len(records), self.dropped)
+                    log.warning(
+                        "rollout-tracer: backend %s is behind and its spool is full or "
+                        "off; dropped %d trajectories (%d so far)",
+                        self.name,
+                        len(records),
+                        self.dropped,
+                    )
                     if not self.queue:
                         self.done_seq = max(self.done_seq, seq)
                     self.cond.notify_all()
@@ -166,6 +180,8 @@ class ExportWorker:
             if records is None and batch.path is not None:
                 records = read_batch(batch.path)
             ok = self._export(records or [], retries=self.config.export_max_retries)
+        if ok and batch.path is not None and self.spool is not None:
+            self.spool.delete(batch.path)  # before flush() can see this batch as done
         with self.cond:
             if batch.records is not None:
                 self.held -= batch.n
@@ -175,13 +191,12 @@ class ExportWorker:
                 self.pending.append(batch.path)
             else:
                 self.failed += batch.n
-                log.error("rollout-tracer: lost %d trajectories for %s (no spool)", batch.n,
-                          self.name)
+                log.error(
+                    "rollout-tracer: lost %d trajectories for %s (no spool)", batch.n, self.name
+                )
             if not self.queue or self.queue[0].seq > batch.seq:
                 self.done_seq = max(self.done_seq, batch.seq)
             self.cond.notify_all()
-        if ok and batch.path is not None and self.spool is not None:
-            self.spool.delete(batch.path)
         if ok and self.pending:
             self._replay()  # it worked again: replay what waited in the spool
 
@@ -201,12 +216,12 @@ class ExportWorker:
                 with self.cond:
                     self.down = True
                 break
+            if self.spool is not None:
+                self.spool.delete(path)
             with self.cond:
                 self.pending.popleft()
                 self.replayed += len(records)
                 self.down = False
-            if self.spool is not None:
-                self.spool.delete(path)
         with self.cond:
             if not self.pending:
                 self.down = False
@@ -224,8 +239,13 @@ class ExportWorker:
                 key = f"export {self.name}"
                 self.errors.counts[key] += 1
                 if self.errors.counts[key] in (1, 10, 100, 1000):
-                    log.warning("rollout-tracer: export to %s raised %s: %s", self.name,
-                                type(exc).__name__, exc, exc_info=self.errors.counts[key] == 1)
+                    log.warning(
+                        "rollout-tracer: export to %s raised %s: %s",
+                        self.name,
+                        type(exc).__name__,
+                        exc,
+                        exc_info=self.errors.counts[key] == 1,
+                    )
             if result is ExportResult.SUCCESS:
                 return True
             if attempt < retries and not self.stopping:
@@ -233,9 +253,13 @@ class ExportWorker:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if not self.down:
-            log.error("rollout-tracer: backend %s failed %d times in a row; its batches wait "
-                      "in the spool (%s) and are replayed when it is back", self.name,
-                      retries + 1, self.spool.dir if self.spool is not None else "none")
+            log.error(
+                "rollout-tracer: backend %s failed %d times in a row; its batches wait "
+                "in the spool (%s) and are replayed when it is back",
+                self.name,
+                retries + 1,
+                self.spool.dir if self.spool is not None else "none",
+            )
         self.down = True
         return False
 
@@ -280,8 +304,9 @@ class Pipeline:
         self.factories = exporter_factories
         self.tokenizer = tokenizer
         self.errors = InternalErrors(config.raise_internal_errors)
-        self.redactor = (Redactor(config.redact_patterns, config.redact_callback)
-                         if config.redact else None)
+        self.redactor = (
+            Redactor(config.redact_patterns, config.redact_callback) if config.redact else None
+        )
         self._init_state()
         self.workers = [self._worker(f()) for f in exporter_factories]
         self._forked = False
@@ -292,9 +317,13 @@ class Pipeline:
         spool = None
         if self.config.spool and getattr(exporter, "spoolable", True):
             name = getattr(exporter, "name", type(exporter).__name__)
-            spool = BackendSpool(self.config.spool_dir or default_spool_dir(), name,
-                                 str(getattr(exporter, "destination", name)), self.config,
-                                 self.config.max_spool_bytes)
+            spool = BackendSpool(
+                self.config.spool_dir or default_spool_dir(),
+                name,
+                str(getattr(exporter, "destination", name)),
+                self.config,
+                self.config.max_spool_bytes,
+            )
         return ExportWorker(exporter, self.config, self.errors, spool)
 
     def _init_state(self) -> None:
@@ -391,8 +420,7 @@ class Pipeline:
                     self.errors.report("building a trace record", exc)
             lines = None
             if records and any(w.spool is not None for w in self.workers):
-                lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str)
-                         for r in records]
+                lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
             for w in self.workers:
                 if records:
                     w.put(seq, records, lines)
