@@ -96,7 +96,8 @@ def _print_browse_hint(trace: dict[str, Any], names: list[str]) -> None:
         print("browse the traces:")
         print(f"  mlflow ui --backend-store-uri {uri}")
         print("  (or: rollout-tracer ui)")
-        print(f"  experiment: {trace.get('experiment_name')}; filter e.g. tags.step = '1'")
+        print(f"  MLflow experiment: {trace.get('project_name')}; filter e.g. tags.step = '1' "
+              f"and tags.experiment_name = '{trace.get('experiment_name')}'")  # fmt: skip
         print("export them: rollout-tracer export --help")
     elif "jsonl" in names:
         print(f"traces written as JSONL (jsonl_path={trace.get('jsonl_path') or './traces/'})")
