@@ -103,6 +103,19 @@ def _print_browse_hint(trace: dict[str, Any], names: list[str]) -> None:
         print(f"traces written as JSONL (jsonl_path={trace.get('jsonl_path') or './traces/'})")
 
 
+def _register_readers() -> None:
+    """``export`` and ``report`` (rollout/export_cli.py): readers of what the tracer stored."""
+    from rollout import export_cli
+
+    subcommand("export", "export trajectories to Parquet/JSONL tables",
+               export_cli.configure_export)(export_cli.cmd_export)  # fmt: skip
+    subcommand("report", "write a self-contained HTML report of a run",
+               export_cli.configure_report)(export_cli.cmd_report)  # fmt: skip
+
+
+_register_readers()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="rollout-tracer", description=__doc__)

@@ -1,0 +1,103 @@
+"""``rollout-tracer export`` and ``rollout-tracer report``: read what the tracer stored.
+
+Registered in :mod:`rollout.cli`; the work is done by :mod:`tracer.readers`.
+
+    rollout-tracer export --from mlflow --tracking-uri sqlite:///mlflow.db --experiment gsm8k \\
+        --steps 1:10 --out exports/gsm8k
+    rollout-tracer report --from mlflow --experiment gsm8k --out report.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
+    sources = ["mlflow", "jsonl", "weave"] + (["parquet"] if parquet else [])
+    p.add_argument("--from", dest="source", required=True, choices=sources)
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
+                   "else sqlite:///./mlflow.db)")  # fmt: skip
+    p.add_argument("--path", help="the JSONL file (--from jsonl) or export folder (parquet)")
+    p.add_argument("--experiment", help="MLflow experiment (the tracer's project_name)")
+    steps = p.add_mutually_exclusive_group()
+    steps.add_argument("--step", type=int, help="only this step")
+    steps.add_argument("--steps", help="steps FIRST:LAST (inclusive) or a list 1,4,7")
+    p.add_argument(
+        "--validate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--validate: validation rollouts only; --no-validate: training only",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def configure_export(p: argparse.ArgumentParser) -> None:
+    _add_source_args(p)
+    p.add_argument("--out", required=True, help="output folder: trajectories/turns/tool_calls")
+    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl"])
+    p.add_argument("--page-size", type=int, default=500, help="trajectories per page/row group")
+
+
+def configure_report(p: argparse.ArgumentParser) -> None:
+    _add_source_args(p, parquet=True)
+    p.add_argument("--out", default="report.html", help="the HTML file to write")
+    p.add_argument("--title", default=None, help="report title")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export trajectories to Parquet (or JSONL) tables with a progress bar."""
+    from tqdm import tqdm
+
+    from tracer.readers import export, parse_steps
+
+    t0 = time.perf_counter()
+    bar = tqdm(desc="exporting", unit="traj", disable=args.no_progress)
+    try:
+        summary = export(
+            args.source,
+            args.out,
+            fmt=args.format,
+            experiment=args.experiment,
+            tracking_uri=args.tracking_uri,
+            path=args.path,
+            steps=parse_steps(args.step, args.steps),
+            validate=args.validate,
+            page_size=args.page_size,
+            on_page=bar.update,
+        )
+    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
+        bar.close()
+        print(f"rollout-tracer export: error: {exc}", file=sys.stderr)
+        return 2
+    bar.close()
+    rows = ", ".join(f"{n} {name}" for name, n in summary.rows.items())
+    print(f"exported {rows} in {summary.pages} pages, {time.perf_counter() - t0:.1f} s:")
+    for path in summary.files.values():
+        print(f"  {path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the self-contained HTML report."""
+    from tracer.readers import parse_steps, read_tables, write_report
+
+    t0 = time.perf_counter()
+    try:
+        tables = read_tables(
+            args.source,
+            experiment=args.experiment,
+            tracking_uri=args.tracking_uri,
+            path=args.path,
+            steps=parse_steps(args.step, args.steps),
+            validate=args.validate,
+        )
+    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
+        print(f"rollout-tracer report: error: {exc}", file=sys.stderr)
+        return 2
+    title = args.title or f"rollout-tracer: {args.experiment or args.path}"
+    write_report(tables, args.out, title)
+    n = len(tables.trajectories)
+    print(f"report of {n} trajectories: {args.out} ({time.perf_counter() - t0:.1f} s)")
+    return 0

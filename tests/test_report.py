@@ -1,0 +1,107 @@
+"""The HTML report, opened in headless Chromium: panels render with the numbers of the run."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import tracer
+from tests import export_agent
+
+pytest.importorskip("mlflow")
+pytest.importorskip("pyarrow")
+
+from rollout.cli import main
+
+PROJECT = "report-test"
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+DOCS_PNG = Path(__file__).resolve().parents[1] / "docs" / "report.png"
+
+
+@pytest.fixture
+def report(tmp_path: Path, mlflow_uri: str) -> tuple[Path, dict]:
+    export_agent.init(str(tmp_path), mlflow_uri, PROJECT)
+    expected = export_agent.run([1, 2, 3])
+    export_agent.run([3], validate=True)
+    assert tracer.flush(timeout_s=60)
+    out = tmp_path / "report.html"
+    argv = ["report", "--from", "mlflow", "--tracking-uri", mlflow_uri, "--experiment", PROJECT,
+            "--no-validate", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    return out, expected
+
+
+def _expected_numbers(expected: dict) -> tuple[dict[int, float], int, int]:
+    means: dict[int, float] = {}
+    groups: dict[tuple[int, int], list[float]] = {}
+    for (step, sample, _), v in expected.items():
+        groups.setdefault((step, sample), []).append(v["score"])
+    for step in sorted({k[0] for k in groups}):
+        rewards = [r for (s, _), rs in groups.items() if s == step for r in rs]
+        means[step] = sum(rewards) / len(rewards)
+    flagged = sum(len(set(rs)) == 1 for rs in groups.values())
+    return means, flagged, len(groups)
+
+
+def test_report_is_self_contained(report: tuple[Path, dict]) -> None:
+    html = report[0].read_text()
+    assert "<svg" in html and "<script>" in html
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "no network resources"
+    means, flagged, total = _expected_numbers(report[1])
+    for step, mean in means.items():
+        row = f'<tr data-step="{step}"><td>{step}</td><td>6</td><td class="mean-reward">'
+        assert f"{row}{mean:.3f}</td>" in html
+    assert f'<span id="zero-adv-count">{flagged}</span>' in html
+    assert f'<span id="group-count">{total}</span>' in html
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium")
+def test_report_renders_in_chromium(report: tuple[Path, dict]) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    path, expected = report
+    means, flagged, total = _expected_numbers(expected)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(path.parent / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            viewport={"width": 1240, "height": 900},
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )  # fmt: skip
+        requests: list[str] = []
+        page = browser.new_page()
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(path.as_uri())
+        # per-step table: mean reward as traced
+        for step, mean in means.items():
+            cell = page.locator(f'#rewards tr[data-step="{step}"] td.mean-reward')
+            assert cell.inner_text() == f"{mean:.3f}"
+        # charts drawn (strip chart + 4 trend charts)
+        assert page.locator("section#rewards svg circle").count() == len(expected)
+        assert page.locator("section#trends svg").count() == 4
+        # GRPO groups: zero-advantage groups flagged
+        assert page.locator("#zero-adv-count").inner_text() == str(flagged)
+        assert page.locator("#group-count").inner_text() == str(total)
+        assert page.locator("tr.zero").count() == flagged
+        # same prompt across steps: every sample's prompt is seen in 3 steps
+        assert page.locator("#prompts tbody tr").count() == export_agent.SAMPLES
+        # transcript: clicking a reward shows that trajectory, tool error and reward included
+        page.locator('details[data-step="3"] tr:last-child td.cell').first.click()
+        box = page.locator("#transcript")
+        text = box.text_content() or ""
+        assert "What is 2 + 7?" in text and "tool calculator" in text
+        assert "reward: 1" in text or "reward: 0" in text
+        page.select_option("#pick", index=3)  # step 1, sample 1, rollout 1: the failing tool
+        assert "error: cannot evaluate 'x/y'" in (box.text_content() or "")
+        page.locator("details[data-step='3']").scroll_into_view_if_needed()
+        page.evaluate("window.scrollTo(0, 0)")
+        DOCS_PNG.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(DOCS_PNG), full_page=True)
+        browser.close()
+    assert all(u.startswith("file://") for u in requests), requests
+    assert DOCS_PNG.stat().st_size > 10_000

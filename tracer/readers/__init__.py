@@ -1,0 +1,49 @@
+"""Readers: stored trajectories (MLflow, JSONL) back as tables, Parquet files and an HTML report.
+
+They depend only on what a backend stored, never on the tracing hot path. pandas, pyarrow and
+mlflow are imported when a function runs, not when this package is imported.
+
+    from tracer.readers import export, read_tables, write_report
+
+    export("mlflow", "out/", experiment="gsm8k", tracking_uri="sqlite:///mlflow.db")
+    tables = read_tables("parquet", path="out/")
+    write_report(tables, "report.html")
+"""
+
+from __future__ import annotations
+
+from tracer.readers.export import (
+    FORMATS,
+    ExportSummary,
+    Tables,
+    export,
+    export_pages,
+    read_parquet_dir,
+    read_tables,
+)
+from tracer.readers.report import build_report, write_report
+from tracer.readers.rows import Rows, record_rows, records_rows
+from tracer.readers.schema import TABLES, arrow_schema
+from tracer.readers.sources import SOURCES, Selection, iter_records, mlflow_to_record, parse_steps
+
+__all__ = [
+    "FORMATS",
+    "SOURCES",
+    "TABLES",
+    "ExportSummary",
+    "Rows",
+    "Selection",
+    "Tables",
+    "arrow_schema",
+    "build_report",
+    "export",
+    "export_pages",
+    "iter_records",
+    "mlflow_to_record",
+    "parse_steps",
+    "read_parquet_dir",
+    "read_tables",
+    "record_rows",
+    "records_rows",
+    "write_report",
+]

@@ -1,0 +1,206 @@
+"""Write the three tables incrementally (Parquet: one row group per page) or load them as pandas
+DataFrames.
+
+    from tracer.readers import export, read_tables
+
+    export("mlflow", out="runs/exp1", experiment="gsm8k", tracking_uri="sqlite:///mlflow.db")
+    tables = read_tables("jsonl", path="traces/gsm8k/default.jsonl", steps=[1, 2])
+    tables.trajectories.groupby("step").reward.mean()
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tracer.readers.rows import Rows, records_rows
+from tracer.readers.schema import TABLES, arrow_schema
+from tracer.readers.sources import Selection, iter_records, parse_steps
+from tracer.record import TrajectoryRecord
+
+FORMATS = ("parquet", "jsonl")
+
+
+@dataclass
+class ExportSummary:
+    """What an export wrote: rows per table, pages (= Parquet row groups), files."""
+
+    rows: dict[str, int]
+    pages: int
+    files: dict[str, str]
+
+
+@dataclass
+class Tables:
+    """The three tables as pandas DataFrames."""
+
+    trajectories: Any
+    turns: Any
+    tool_calls: Any
+
+
+def arrow_table(name: str, rows: list[dict[str, Any]]) -> Any:
+    """Rows -> a ``pyarrow.Table`` with the declared schema of table ``name``."""
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=arrow_schema(name))
+
+
+class _JsonlWriter:
+    def __init__(self, path: str) -> None:
+        self._f = open(path, "w", encoding="utf-8")  # noqa: SIM115  (closed in close())
+
+    def write_rows(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            out = dict(row)
+            for key in ("start_time",):
+                if isinstance(out.get(key), int):
+                    ts = dt.datetime.fromtimestamp(out[key] / 1e6, tz=dt.timezone.utc)
+                    out[key] = ts.isoformat()
+            self._f.write(json.dumps(out, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class _ParquetWriter:
+    def __init__(self, path: str, name: str) -> None:
+        import pyarrow.parquet as pq
+
+        self.name = name
+        self._w = pq.ParquetWriter(path, arrow_schema(name), compression="zstd")
+
+    def write_rows(self, rows: list[dict[str, Any]]) -> None:
+        if rows:  # one write_table call per page = one row group per page
+            self._w.write_table(arrow_table(self.name, rows))
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def export_pages(
+    pages: Iterable[list[TrajectoryRecord]],
+    out: str,
+    fmt: str = "parquet",
+    on_page: Callable[[int], None] | None = None,
+) -> ExportSummary:
+    """Write ``out/{trajectories,turns,tool_calls}.{parquet,jsonl}`` page by page; only one page
+    of records is in memory at a time. ``on_page(n)`` is called after each page of n
+    trajectories (e.g. a progress bar's ``update``)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
+    os.makedirs(out, exist_ok=True)
+    files = {name: os.path.join(out, f"{name}.{fmt}") for name in TABLES}
+    writers: dict[str, Any] = {
+        name: _ParquetWriter(path, name) if fmt == "parquet" else _JsonlWriter(path)
+        for name, path in files.items()
+    }
+    counts = dict.fromkeys(TABLES, 0)
+    pages_written = 0
+    try:
+        for page in pages:
+            rows = records_rows(page)
+            for name, writer in writers.items():
+                table_rows = rows.table(name)
+                writer.write_rows(table_rows)
+                counts[name] += len(table_rows)
+            pages_written += 1
+            if on_page is not None:
+                on_page(len(page))
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return ExportSummary(rows=counts, pages=pages_written, files=files)
+
+
+def export(
+    source: str,
+    out: str,
+    *,
+    fmt: str = "parquet",
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    path: str | None = None,
+    steps: Sequence[int] | None = None,
+    validate: bool | None = None,
+    page_size: int = 500,
+    on_page: Callable[[int], None] | None = None,
+) -> ExportSummary:
+    """Export trajectories stored by a backend (``mlflow``, ``jsonl``) to three tables."""
+    pages = iter_records(
+        source,
+        experiment=experiment,
+        tracking_uri=tracking_uri,
+        path=path,
+        selection=Selection(steps, validate),
+        page_size=page_size,
+    )
+    return export_pages(pages, out, fmt, on_page)
+
+
+def rows_to_tables(rows: Rows) -> Tables:
+    frames = {name: arrow_table(name, rows.table(name)).to_pandas() for name in TABLES}
+    return Tables(**frames)
+
+
+def read_tables(
+    source: str,
+    *,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    path: str | None = None,
+    steps: Sequence[int] | None = None,
+    validate: bool | None = None,
+) -> Tables:
+    """The three tables as pandas DataFrames (everything in memory: for large runs export to
+    Parquet and query it with DuckDB or polars). ``source="parquet"`` reads an export
+    directory ``path``."""
+    if source == "parquet":
+        return read_parquet_dir(str(path), steps, validate)
+    rows = Rows()
+    for page in iter_records(
+        source,
+        experiment=experiment,
+        tracking_uri=tracking_uri,
+        path=path,
+        selection=Selection(steps, validate),
+    ):
+        rows.extend(records_rows(page))
+    return rows_to_tables(rows)
+
+
+def read_parquet_dir(
+    path: str, steps: Sequence[int] | None = None, validate: bool | None = None
+) -> Tables:
+    """Load an export directory written by :func:`export` (optionally filtered)."""
+    import pandas as pd
+
+    frames: dict[str, Any] = {}
+    for name in TABLES:
+        frames[name] = pd.read_parquet(os.path.join(path, f"{name}.parquet"))
+    keep = frames["trajectories"]
+    if steps is not None:
+        keep = keep[keep["step"].isin(list(steps))]
+    if validate is not None:
+        keep = keep[keep["validate"] == validate]
+    ids = set(keep["trace_id"])
+    frames["trajectories"] = keep
+    for name in ("turns", "tool_calls"):
+        frames[name] = frames[name][frames[name]["trace_id"].isin(ids)]
+    return Tables(**frames)
+
+
+__all__ = [
+    "FORMATS",
+    "ExportSummary",
+    "Tables",
+    "export",
+    "export_pages",
+    "parse_steps",
+    "read_parquet_dir",
+    "read_tables",
+]

@@ -1,0 +1,264 @@
+"""One self-contained HTML report of a run (inline CSS, JS and SVG; no network).
+
+Panels: reward distribution per step; mean reward and response length over steps; turns and
+tool-call success per step; GRPO groups (the ``rollout_n`` samples of each prompt side by side,
+zero-advantage groups flagged); the same prompt across steps; a transcript of any trajectory.
+
+    from tracer.readers import read_tables, write_report
+    write_report(read_tables("parquet", path="out/"), "report.html")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from html import escape
+from typing import Any
+
+from tracer.readers.export import Tables
+from tracer.readers.report_page import page
+from tracer.readers.svg import line_chart, strip_chart
+
+MAX_TRANSCRIPTS = 2000
+MAX_GROUP_STEPS = 50
+MAX_PROMPTS = 25
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{float(v):.{digits}f}"
+
+
+def _short(text: Any, n: int = 90) -> str:
+    s = "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
+    s = " ".join(s.split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def step_stats(traj: Any) -> Any:
+    """Per-step aggregates (a DataFrame indexed by step)."""
+    df = traj[traj["step"].notna()].copy()
+    df["tool_ok"] = df["num_tool_calls"] - df["num_tool_errors"]
+    g = df.groupby("step")
+    stats = g.agg(
+        n=("trace_id", "count"),
+        reward_mean=("reward", "mean"),
+        reward_std=("reward", "std"),
+        reward_min=("reward", "min"),
+        reward_max=("reward", "max"),
+        response_tokens=("response_tokens", "mean"),
+        turns=("num_turns", "mean"),
+        tool_calls=("num_tool_calls", "sum"),
+        tool_ok=("tool_ok", "sum"),
+    )
+    stats["tool_success"] = stats["tool_ok"] / stats["tool_calls"].where(stats["tool_calls"] > 0)
+    return stats.sort_index()
+
+
+def _series(stats: Any, column: str) -> list[tuple[float, float]]:
+    col = stats[column]
+    return [(float(s), float(v)) for s, v in col.items() if v == v]  # drops NaN
+
+
+def _summary_panel(traj: Any, stats: Any) -> str:
+    rows = "".join(
+        f'<tr data-step="{int(step)}"><td>{int(step)}</td><td>{int(r.n)}</td>'
+        f'<td class="mean-reward">{_f(r.reward_mean)}</td><td>{_f(r.reward_std)}</td>'
+        f"<td>{_f(r.reward_min)}</td><td>{_f(r.reward_max)}</td>"
+        f"<td>{_f(r.response_tokens, 1)}</td><td>{_f(r.turns, 2)}</td>"
+        f"<td>{int(r.tool_calls)}</td><td>{_f(r.tool_success, 3)}</td></tr>"
+        for step, r in stats.iterrows()
+    )
+    points = [
+        (float(s), float(v))
+        for s, v in zip(traj["step"], traj["reward"], strict=True)
+        if s == s and v is not None and v == v
+    ]
+    strip = strip_chart(points, _series(stats, "reward_mean"), "reward per trajectory, mean")
+    return (
+        f'<section id="rewards"><h2>Reward distribution per step</h2>{strip}'
+        '<table class="stats"><thead><tr><th>step</th><th>n</th><th>mean reward</th>'
+        "<th>std</th><th>min</th><th>max</th><th>response tokens</th><th>turns</th>"
+        f"<th>tool calls</th><th>tool success</th></tr></thead><tbody>{rows}</tbody></table>"
+        "</section>"
+    )
+
+
+def _trends_panel(stats: Any) -> str:
+    charts = [
+        line_chart({"mean reward": _series(stats, "reward_mean")}, "mean reward"),
+        line_chart({"response tokens": _series(stats, "response_tokens")}, "mean response tokens"),
+        line_chart({"turns": _series(stats, "turns")}, "mean turns (generate calls)"),
+        line_chart({"success": _series(stats, "tool_success")}, "tool-call success rate"),
+    ]
+    return (
+        '<section id="trends"><h2>Over steps</h2><div class="charts">'
+        + "".join(f'<div class="chart">{c}</div>' for c in charts)
+        + "</div></section>"
+    )
+
+
+def grpo_groups(traj: Any) -> list[dict[str, Any]]:
+    """Training groups (same step and sample): their rewards by rollout_n, flagged when all
+    rewards are equal (zero advantage: no learning signal in GRPO)."""
+    df = traj[(~traj["validate"]) & traj["step"].notna()]
+    groups = []
+    for (step, key), g in df.groupby(["step", "sample_key"], sort=True):
+        g = g.sort_values("rollout_n")
+        rewards = [None if r != r else float(r) for r in g["reward"]]
+        known = [r for r in rewards if r is not None]
+        groups.append(
+            {
+                "step": int(step),
+                "sample": str(key),
+                "prompt": g["prompt"].iloc[0],
+                "samples": list(zip(g["trace_id"], g["rollout_n"], rewards, strict=True)),
+                "zero_advantage": len(g) > 1 and len(known) == len(g) and len(set(known)) == 1,
+            }
+        )
+    return groups
+
+
+def _groups_panel(groups: list[dict[str, Any]]) -> str:
+    flagged = sum(g["zero_advantage"] for g in groups)
+    steps = sorted({g["step"] for g in groups})[-MAX_GROUP_STEPS:]
+    parts = []
+    for i, step in enumerate(reversed(steps)):
+        rows = []
+        in_step = [g for g in groups if g["step"] == step]
+        for g in in_step:
+            cells = "".join(
+                f'<td class="cell" data-trace="{escape(tid)}" style="background:{_color(r)}" '
+                f'title="rollout {n}: reward {_f(r)}">{_f(r, 2)}</td>'
+                for tid, n, r in g["samples"]
+            )
+            flag = '<td class="flag">zero advantage</td>' if g["zero_advantage"] else "<td></td>"
+            cls = ' class="zero"' if g["zero_advantage"] else ""
+            rows.append(
+                f"<tr{cls}><td>{escape(g['sample'])}</td>"
+                f"<td class=prompt>{escape(_short(g['prompt']))}</td>{flag}{cells}</tr>"
+            )
+        n_zero = sum(g["zero_advantage"] for g in in_step)
+        parts.append(
+            f'<details{" open" if i == 0 else ""} data-step="{step}"><summary>step {step}: '
+            f"{len(in_step)} groups, {n_zero} with zero advantage</summary>"
+            f'<table class="groups">{"".join(rows)}</table></details>'
+        )
+    return (
+        '<section id="groups"><h2>GRPO groups</h2><p>All rollouts of a prompt side by side '
+        "(click a reward for its transcript). "
+        f'<b><span id="zero-adv-count">{flagged}</span> of <span id="group-count">'
+        f"{len(groups)}</span> groups</b> have all rewards equal: zero advantage.</p>"
+        + "".join(parts)
+        + "</section>"
+    )
+
+
+def _color(r: float | None) -> str:
+    if r is None:
+        return "#e5e7eb"
+    t = max(0.0, min(1.0, r))
+    red, green = int(254 - 120 * t), int(226 + 20 * t - 10 * (1 - t))
+    return f"rgb({red},{green},{int(226 - 100 * t)})"
+
+
+def _prompts_panel(traj: Any) -> str:
+    df = traj[traj["step"].notna() & traj["prompt"].notna()]
+    if df.empty:
+        return ""
+    by = df.groupby(["prompt", "step"])["reward"].agg(["mean", "count"]).reset_index()
+    spread = by.groupby("prompt")["step"].nunique()
+    prompts = spread[spread > 1].sort_values(ascending=False).index[:MAX_PROMPTS]
+    if len(prompts) == 0:
+        return (
+            '<section id="prompts"><h2>Same prompt across steps</h2>'
+            "<p>No prompt appears in more than one step.</p></section>"
+        )
+    steps = sorted(int(s) for s in by[by["prompt"].isin(prompts)]["step"].unique())
+    head = "".join(f"<th>step {s}</th>" for s in steps)
+    rows = []
+    for prompt in prompts:
+        sub = by[by["prompt"] == prompt].set_index("step")
+        cells = "".join(
+            f'<td style="background:{_color(float(sub.loc[s, "mean"]))}">'
+            f"{_f(sub.loc[s, 'mean'], 2)} <small>n={int(sub.loc[s, 'count'])}</small></td>"
+            if s in sub.index
+            else "<td></td>"
+            for s in steps
+        )
+        rows.append(f"<tr><td class=prompt>{escape(_short(prompt, 70))}</td>{cells}</tr>")
+    return (
+        '<section id="prompts"><h2>Same prompt across steps</h2><p>Mean reward of each prompt '
+        f"seen in several steps.</p><table class=groups><thead><tr><th>prompt</th>{head}</tr>"
+        f"</thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def transcripts(tables: Tables, limit: int = MAX_TRANSCRIPTS) -> list[dict[str, Any]]:
+    """Per trajectory: its messages, then generate outputs and tool calls in time order."""
+    traj = tables.trajectories.sort_values(["step", "sample_key", "rollout_n"]).head(limit)
+    ids = set(traj["trace_id"])
+    events: dict[str, list[tuple[Any, dict[str, Any]]]] = {i: [] for i in ids}
+    for r in tables.turns[tables.turns["trace_id"].isin(ids)].itertuples():
+        events[r.trace_id].append((r.start_time, {"type": "assistant",
+            "text": _s(r.response_text), "finish": _s(r.finish_reason),
+            "tokens": _num(r.response_tokens)}))  # fmt: skip
+    for r in tables.tool_calls[tables.tool_calls["trace_id"].isin(ids)].itertuples():
+        events[r.trace_id].append((r.start_time, {"type": "tool", "name": _s(r.name),
+            "args": _s(r.arguments), "result": _s(r.result), "error": _s(r.error)}))  # fmt: skip
+    out = []
+    for r in traj.itertuples():
+        messages = json.loads(r.messages) if isinstance(r.messages, str) else []
+        out.append(
+            {
+                "id": r.trace_id,
+                "step": _num(r.step),
+                "sample": _s(r.sample_key),
+                "n": _num(r.rollout_n),
+                "reward": _num(r.reward),
+                "finish": _s(r.finish_reason),
+                "validate": bool(r.validate),
+                "messages": messages if isinstance(messages, list) else [],
+                "events": [e for _, e in sorted(events[r.trace_id], key=lambda p: p[0])],
+            }
+        )
+    return out
+
+
+def _s(v: Any) -> str | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return str(v)
+
+
+def _num(v: Any) -> float | int | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    f = float(v)
+    return int(f) if f.is_integer() else f
+
+
+def build_report(tables: Tables, title: str = "rollout-tracer report") -> str:
+    """The report as one HTML string."""
+    traj = tables.trajectories
+    stats = step_stats(traj)
+    groups = grpo_groups(traj)
+    mean = traj["reward"].mean() if len(traj) else None
+    header = (
+        f'<p class="meta"><span id="n-traj">{len(traj)}</span> trajectories, '
+        f"{len(stats)} steps, {int(traj['validate'].sum()) if len(traj) else 0} validation; "
+        f"mean reward {_f(mean)}.</p>"
+    )
+    body = header + (
+        _summary_panel(traj, stats) + _trends_panel(stats) if len(stats) else "<p>No steps.</p>"
+    )
+    body += _groups_panel(groups) + _prompts_panel(traj)
+    return page(title, body, transcripts(tables))
+
+
+def write_report(tables: Tables, out: str, title: str = "rollout-tracer report") -> str:
+    """Write :func:`build_report` to ``out``; returns ``out``."""
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(build_report(tables, title))
+    return out

@@ -1,0 +1,101 @@
+"""The HTML shell of the report: inline CSS, the transcript viewer (inline JS), embedded data."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from typing import Any
+
+from tracer.readers.svg import CSS as SVG_CSS
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;background:#f8fafc;color:#111}
+main{max-width:1180px;margin:0 auto;padding:16px 24px}
+h1{font-size:22px;margin:8px 0} h2{font-size:17px;margin:0 0 8px}
+section{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:14px;margin:14px 0}
+.meta{color:#444} .charts{display:flex;flex-wrap:wrap;gap:8px}
+.chart{border:1px solid #f1f5f9;border-radius:6px}
+table{border-collapse:collapse;font-size:13px;margin-top:6px}
+th,td{border:1px solid #e5e7eb;padding:3px 7px;text-align:right}
+th{background:#f1f5f9} td.prompt{text-align:left;max-width:420px;color:#333}
+table.groups td.cell{cursor:pointer;min-width:38px;text-align:center}
+table.groups td.cell:hover{outline:2px solid #2563eb}
+tr.zero td.flag{color:#b45309;font-weight:600;text-align:left}
+details{margin:4px 0} summary{cursor:pointer;font-weight:600}
+#transcript .msg{border-left:4px solid #cbd5e1;margin:6px 0;padding:4px 10px;background:#f8fafc}
+#transcript .role{font-weight:600;font-size:12px;color:#475569}
+#transcript .assistant{border-color:#2563eb} #transcript .tool{border-color:#16a34a}
+#transcript .err{border-color:#dc2626;background:#fef2f2} #transcript .user{border-color:#9333ea}
+#transcript pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font:12px monospace}
+#transcript .reward{font-size:15px;font-weight:600;margin-top:8px}
+select{font-size:13px;max-width:100%}
+"""
+
+JS = """
+const DATA = JSON.parse(document.getElementById('transcripts').textContent);
+const byId = new Map(DATA.map(t => [t.id, t]));
+const sel = document.getElementById('pick');
+for (const t of DATA) {
+  const o = document.createElement('option');
+  o.value = t.id;
+  o.textContent = `step ${t.step} · sample ${t.sample} · rollout ${t.n} · reward ${t.reward}`
+    + (t.validate ? ' · validation' : '');
+  sel.appendChild(o);
+}
+function el(tag, cls, text) {
+  const e = document.createElement(tag); if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text; return e;
+}
+function block(cls, role, text) {
+  const d = el('div', 'msg ' + cls); d.appendChild(el('div', 'role', role));
+  d.appendChild(el('pre', '', text == null ? '' : String(text))); return d;
+}
+function show(id) {
+  const t = byId.get(id); const box = document.getElementById('transcript');
+  box.innerHTML = ''; if (!t) { box.textContent = 'not in this report'; return; }
+  sel.value = id;
+  box.appendChild(el('div', 'meta', `trace ${t.id} · step ${t.step} · sample ${t.sample}`
+    + ` · rollout ${t.n} · finish ${t.finish}`));
+  for (const m of t.messages) {
+    const c = typeof m.content === 'string' ? m.content : JSON.stringify(m.content);
+    box.appendChild(block(m.role || 'user', m.role || 'message', c));
+  }
+  for (const e of t.events) {
+    if (e.type === 'assistant') {
+      box.appendChild(block('assistant', `assistant (${e.tokens ?? '?'} tokens, ${e.finish})`,
+        e.text));
+    } else {
+      const err = e.error != null;
+      box.appendChild(block(err ? 'tool err' : 'tool', `tool ${e.name}(${e.args ?? ''})`,
+        err ? 'error: ' + e.error : e.result));
+    }
+  }
+  box.appendChild(el('div', 'reward', `reward: ${t.reward}`));
+}
+sel.addEventListener('change', () => show(sel.value));
+document.querySelectorAll('td.cell').forEach(td => td.addEventListener('click', () => {
+  show(td.dataset.trace);
+  document.getElementById('viewer').scrollIntoView({behavior: 'smooth'});
+}));
+if (DATA.length) show(DATA[0].id);
+"""
+
+
+def _script_json(data: Any) -> str:
+    # "</" would end the <script> element early
+    return json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/")
+
+
+def page(title: str, body: str, transcripts: list[dict[str, Any]]) -> str:
+    viewer = (
+        '<section id="viewer"><h2>Transcript</h2><select id="pick"></select>'
+        f"<p class=meta>{len(transcripts)} trajectories embedded.</p>"
+        '<div id="transcript"></div></section>'
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{escape(title)}</title><style>{CSS}{SVG_CSS}</style></head><body><main>"
+        f"<h1>{escape(title)}</h1>{body}{viewer}</main>"
+        f'<script type="application/json" id="transcripts">{_script_json(transcripts)}</script>'
+        f"<script>{JS}</script></body></html>"
+    )

@@ -1,0 +1,220 @@
+"""A :class:`~tracer.record.TrajectoryRecord` -> rows of the three tables (plain dicts).
+
+Pure Python: the same function serves every source (MLflow, JSONL, ...), which is what makes
+their exports comparable row by row. Column meanings are in :mod:`tracer.readers.schema`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracer.record import SpanRecord, TrajectoryRecord
+
+Row = dict[str, Any]
+
+
+@dataclass
+class Rows:
+    """Rows of the three tables for a batch of trajectories."""
+
+    trajectories: list[Row] = field(default_factory=list)
+    turns: list[Row] = field(default_factory=list)
+    tool_calls: list[Row] = field(default_factory=list)
+
+    def extend(self, other: Rows) -> None:
+        self.trajectories.extend(other.trajectories)
+        self.turns.extend(other.turns)
+        self.tool_calls.extend(other.tool_calls)
+
+    def table(self, name: str) -> list[Row]:
+        rows: list[Row] = getattr(self, name)
+        return rows
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else _json(value)
+
+
+def _us(ns: int) -> int:
+    return ns // 1000
+
+
+def _ms(span: SpanRecord) -> float:
+    return max(span.end_ns - span.start_ns, 0) / 1e6
+
+
+def _error_message(span: SpanRecord) -> str | None:
+    if span.error is None:
+        return None
+    return str(span.error.get("message") or span.error.get("type") or "error")
+
+
+def _field(value: Any, *names: str) -> Any:
+    if isinstance(value, dict):
+        for name in names:
+            if value.get(name) is not None:
+                return value[name]
+    return None
+
+
+def _count(value: Any) -> int | None:
+    return len(value) if isinstance(value, list) else None
+
+
+def _logprobs(value: Any) -> list[float] | None:
+    if not isinstance(value, list):
+        return None
+    out = [float(v) for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return out if out or not value else None
+
+
+def _prompt(messages: Any, prompt_text: str | None) -> str | None:
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "user":
+                return _text(message.get("content"))
+    return prompt_text
+
+
+def turn_row(record: TrajectoryRecord, index: int, span: SpanRecord) -> Row:
+    attrs = span.attributes
+    inputs, outputs = span.inputs, span.outputs
+    response_text = attrs.get("response_text")
+    if response_text is None:
+        response_text = _field(outputs, "text", "content", "response_text")
+        if response_text is None and isinstance(outputs, str):
+            response_text = outputs
+    prompt_tokens = attrs.get("prompt_tokens")
+    if prompt_tokens is None:
+        prompt_tokens = _count(_field(inputs, "prompt_ids", "input_ids", "token_ids"))
+    response_tokens = attrs.get("response_tokens")
+    if response_tokens is None:
+        response_tokens = _count(_field(outputs, "response_ids", "output_ids", "token_ids"))
+    return {
+        "trace_id": record.trace_id,
+        "step": record.step,
+        "turn_index": index,
+        "span_id": span.span_id,
+        "name": span.name,
+        "start_time": _us(span.start_ns),
+        "latency_ms": _ms(span),
+        "prompt_text": _text(attrs.get("prompt_text")),
+        "response_text": _text(response_text),
+        "prompt_tokens": _int_or_none(prompt_tokens),
+        "response_tokens": _int_or_none(response_tokens),
+        "finish_reason": _text(attrs.get("finish_reason") or _field(outputs, "finish_reason")),
+        "logprobs": _logprobs(_field(outputs, "logprobs")),
+        "status": span.status,
+        "error": _error_message(span),
+    }
+
+
+def _tool_arguments(inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        if "arguments" in inputs:
+            return inputs["arguments"]
+        return {k: v for k, v in inputs.items() if k not in ("self", "name", "tool_name")}
+    return inputs
+
+
+def tool_row(record: TrajectoryRecord, index: int, turn_index: int, span: SpanRecord) -> Row:
+    outputs = span.outputs
+    error = _error_message(span)
+    if error is None and isinstance(outputs, dict) and outputs.get("error") not in (None, ""):
+        error = _text(outputs["error"])
+    result = outputs
+    if isinstance(outputs, dict):
+        result = _field(outputs, "content", "result", "output")
+        if result is None:
+            result = {k: v for k, v in outputs.items() if k != "__type__"}
+    name = span.attributes.get("tool_name") or _field(span.inputs, "name", "tool_name")
+    return {
+        "trace_id": record.trace_id,
+        "step": record.step,
+        "call_index": index,
+        "turn_index": turn_index,
+        "span_id": span.span_id,
+        "name": _text(name or span.name),
+        "arguments": _json(_tool_arguments(span.inputs)),
+        "result": _text(result),
+        "error": error,
+        "status": span.status,
+        "start_time": _us(span.start_ns),
+        "latency_ms": _ms(span),
+    }
+
+
+def record_rows(record: TrajectoryRecord) -> Rows:
+    """The rows one trajectory contributes to each table."""
+    spans = sorted(record.spans[1:], key=lambda s: s.start_ns)
+    generates = [s for s in spans if s.kind == "generate"]
+    turns = [turn_row(record, i, s) for i, s in enumerate(generates)]
+    tools: list[Row] = []
+    for span in spans:
+        if span.kind != "tool":
+            continue
+        turn_index = sum(g.start_ns <= span.start_ns for g in generates) - 1
+        tools.append(tool_row(record, len(tools), turn_index, span))
+    first = generates[0] if generates else None
+    messages = _field(first.inputs, "messages") if first else None
+    first_turn = turns[0] if turns else {}
+    last_turn = turns[-1] if turns else {}
+    response_counts = [t["response_tokens"] for t in turns if t["response_tokens"] is not None]
+    root = record.spans[0] if record.spans else None
+    trajectory = {
+        "trace_id": record.trace_id,
+        "experiment": record.project_name,
+        "experiment_name": record.experiment_name,
+        "name": record.name,
+        "step": record.step,
+        "sample_index": _int_or_none(record.sample_index),
+        "sample_key": None if record.sample_index is None else str(record.sample_index),
+        "rollout_n": _int_or_none(record.rollout_n),
+        "validate": bool(record.validate),
+        "policy_version": None if record.policy_version is None else str(record.policy_version),
+        "worker_id": record.worker_id,
+        "status": record.status,
+        "start_time": _us(record.start_ns),
+        "latency_ms": max(record.end_ns - record.start_ns, 0) / 1e6,
+        "prompt": _prompt(messages, first_turn.get("prompt_text")),
+        "prompt_text": first_turn.get("prompt_text"),
+        "response_text": last_turn.get("response_text"),
+        "messages": _json(messages),
+        "reward": record.reward,
+        "num_turns": len(turns),
+        "num_tool_calls": len(tools),
+        "num_tool_errors": sum(t["error"] is not None for t in tools),
+        "finish_reason": last_turn.get("finish_reason"),
+        "prompt_tokens": first_turn.get("prompt_tokens"),
+        "response_tokens": sum(response_counts) if response_counts else None,
+        "error": _error_message(root) if root is not None else None,
+    }
+    return Rows([trajectory], turns, tools)
+
+
+def records_rows(records: list[TrajectoryRecord]) -> Rows:
+    rows = Rows()
+    for record in records:
+        rows.extend(record_rows(record))
+    return rows

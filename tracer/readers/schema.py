@@ -1,0 +1,106 @@
+"""The three exported tables, declared once: column name, type, meaning.
+
+``docs/export-schema.md`` documents these columns (a test checks it lists every one). Types are
+Arrow type names; :func:`arrow_schema` builds the ``pyarrow`` schema (pyarrow is imported only
+there, so importing this module stays cheap).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXPORT_SCHEMA_VERSION = 1
+
+# (column, arrow type, meaning)
+Column = tuple[str, str, str]
+
+TRAJECTORIES: list[Column] = [
+    ("trace_id", "string", "32 hex chars; the MLflow trace is `tr-<trace_id>`"),
+    ("experiment", "string", "MLflow experiment (the tracer's project_name)"),
+    ("experiment_name", "string", "the trainer's experiment_name tag"),
+    ("name", "string", "root span name (`trace_attr(name=...)`)"),
+    ("step", "int64", "training step; null if not set"),
+    ("sample_index", "int64", "sample index in the step's batch; null if not an integer"),
+    ("sample_key", "string", "sample_index as text (any type); with step, identifies a group"),
+    ("rollout_n", "int64", "index of this rollout among the n of its sample (GRPO group)"),
+    ("validate", "bool", "true for validation rollouts"),
+    ("policy_version", "string", "policy/weights version tag, if recorded"),
+    ("worker_id", "string", "rollout worker that produced the trajectory"),
+    ("status", "string", "`OK` or `ERROR` (the root span's status)"),
+    ("start_time", "timestamp[us, UTC]", "root span start"),
+    ("latency_ms", "float64", "root span duration in milliseconds"),
+    ("prompt", "string", "the last user message of the first generate call, else prompt_text"),
+    ("prompt_text", "string", "decoded prompt token ids of the first generate call"),
+    ("response_text", "string", "decoded response of the last generate call"),
+    ("messages", "string", "JSON: the chat messages passed to the first generate call"),
+    ("reward", "float64", "the trajectory's reward (MLflow `reward` assessment / record)"),
+    ("num_turns", "int64", "number of generate spans"),
+    ("num_tool_calls", "int64", "number of tool spans"),
+    ("num_tool_errors", "int64", "tool spans that raised or returned an `error`"),
+    ("finish_reason", "string", "finish reason of the last generate call"),
+    ("prompt_tokens", "int64", "prompt tokens of the first generate call"),
+    ("response_tokens", "int64", "generated tokens summed over all generate calls"),
+    ("error", "string", "the root span's error message, if it failed"),
+]
+
+TURNS: list[Column] = [
+    ("trace_id", "string", "the trajectory (join key)"),
+    ("step", "int64", "training step (copied from the trajectory)"),
+    ("turn_index", "int64", "0-based order of this generate call in the trajectory"),
+    ("span_id", "string", "16 hex chars"),
+    ("name", "string", "span name"),
+    ("start_time", "timestamp[us, UTC]", "span start"),
+    ("latency_ms", "float64", "span duration in milliseconds"),
+    ("prompt_text", "string", "decoded prompt token ids (token2text)"),
+    ("response_text", "string", "decoded response token ids (token2text)"),
+    ("prompt_tokens", "int64", "number of prompt token ids"),
+    ("response_tokens", "int64", "number of response token ids"),
+    ("finish_reason", "string", "`stop`, `length`, ... as returned by the engine"),
+    ("logprobs", "list<float64>", "per-token logprobs where the generate call returned them"),
+    ("status", "string", "`OK` or `ERROR`"),
+    ("error", "string", "error message if the call raised"),
+]
+
+TOOL_CALLS: list[Column] = [
+    ("trace_id", "string", "the trajectory (join key)"),
+    ("step", "int64", "training step (copied from the trajectory)"),
+    ("call_index", "int64", "0-based order of this tool call in the trajectory"),
+    ("turn_index", "int64", "the generate call it followed (-1 if before any)"),
+    ("span_id", "string", "16 hex chars"),
+    ("name", "string", "tool name"),
+    ("arguments", "string", "JSON of the tool arguments"),
+    ("result", "string", "the result: its `content` text if it has one, else JSON"),
+    ("error", "string", "exception message, or the `error` field of the result; null if ok"),
+    ("status", "string", "`OK` or `ERROR` (raised)"),
+    ("start_time", "timestamp[us, UTC]", "span start"),
+    ("latency_ms", "float64", "span duration in milliseconds"),
+]
+
+TABLES: dict[str, list[Column]] = {
+    "trajectories": TRAJECTORIES,
+    "turns": TURNS,
+    "tool_calls": TOOL_CALLS,
+}
+
+
+def _arrow_type(name: str) -> Any:
+    import pyarrow as pa
+
+    simple = {
+        "string": pa.string(),
+        "int64": pa.int64(),
+        "float64": pa.float64(),
+        "bool": pa.bool_(),
+        "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+        "list<float64>": pa.list_(pa.float64()),
+    }
+    return simple[name]
+
+
+def arrow_schema(table: str) -> Any:
+    """The ``pyarrow.Schema`` of one of :data:`TABLES`."""
+    import pyarrow as pa
+
+    fields = [pa.field(name, _arrow_type(kind), metadata={"doc": doc}) for name, kind, doc in
+              TABLES[table]]  # fmt: skip
+    return pa.schema(fields, metadata={"rollout_tracer.export_schema": str(EXPORT_SCHEMA_VERSION)})

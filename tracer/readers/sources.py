@@ -1,0 +1,255 @@
+"""Where stored trajectories come back from, one page of :class:`TrajectoryRecord` at a time.
+
+Every source yields pages (lists of records) so exports run in bounded memory. MLflow traces
+are turned back into records by undoing what ``tracer.backends.mlflow_backend`` wrote (span
+kind from ``rollout_tracer.kind``, trajectory attributes from trace tags, reward from the
+``reward`` assessment).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tracer.record import KINDS, SpanRecord, TrajectoryRecord
+
+PAGE_SIZE = 500  # an MLflow server caps max_results at 500
+SOURCES = ("mlflow", "jsonl", "weave")
+
+_KIND_BY_TYPE = {span_type: kind for kind, span_type in reversed(list(KINDS.items()))}
+_KNOWN_TAGS = frozenset(
+    {"step", "sample_index", "rollout_n", "validate", "experiment_name", "worker_id",
+     "policy_version", "reward"}
+)  # fmt: skip
+
+
+@dataclass
+class Selection:
+    """Which trajectories to read: ``steps`` (None = all), ``validate`` (None = both)."""
+
+    steps: Sequence[int] | None = None
+    validate: bool | None = None
+
+    def keeps(self, record: TrajectoryRecord) -> bool:
+        if self.steps is not None and record.step not in self.steps:
+            return False
+        return self.validate is None or bool(record.validate) == self.validate
+
+
+def parse_steps(step: int | None = None, steps: str | None = None) -> list[int] | None:
+    """``step=3`` -> [3]; ``steps="1:10"`` -> [1..10] (inclusive); ``"1,4,7"`` -> [1, 4, 7]."""
+    if step is not None:
+        return [int(step)]
+    if not steps:
+        return None
+    if ":" in steps:
+        lo, hi = steps.split(":", 1)
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in steps.split(",") if s.strip()]
+
+
+# ------------------------------------------------------------------------------------ JSONL
+def iter_jsonl(
+    path: str,
+    selection: Selection | None = None,
+    experiment: str | None = None,
+    page_size: int = PAGE_SIZE,
+) -> Iterator[list[TrajectoryRecord]]:
+    """Pages of records from a JSONL backend file. A partial (crashed) last line is skipped.
+    ``experiment`` keeps records whose project_name or experiment_name equals it."""
+    selection = selection or Selection()
+    page: list[TrajectoryRecord] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = TrajectoryRecord.from_dict(json.loads(line))
+            except (ValueError, TypeError):
+                continue
+            if experiment and experiment not in (record.project_name, record.experiment_name):
+                continue
+            if not selection.keeps(record):
+                continue
+            page.append(record)
+            if len(page) >= page_size:
+                yield page
+                page = []
+    if page:
+        yield page
+
+
+# ----------------------------------------------------------------------------------- MLflow
+def _filters(selection: Selection) -> list[str | None]:
+    """One MLflow filter string per query (tags are strings: a step range is one query per
+    step)."""
+    clauses = []
+    if selection.validate is not None:
+        clauses.append(f"tags.validate = '{str(selection.validate).lower()}'")
+    if selection.steps is None:
+        return [" AND ".join(clauses) or None]
+    return [" AND ".join([f"tags.step = '{s}'", *clauses]) for s in selection.steps]
+
+
+def iter_mlflow(
+    tracking_uri: str,
+    experiment: str,
+    selection: Selection | None = None,
+    page_size: int = PAGE_SIZE,
+) -> Iterator[list[TrajectoryRecord]]:
+    """Pages of records from an MLflow tracking store, ``page_size`` traces per request."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"no MLflow experiment named {experiment!r} at {tracking_uri}")
+    for filter_string in _filters(selection or Selection()):
+        token = None
+        while True:
+            page = client.search_traces(
+                locations=[exp.experiment_id],
+                filter_string=filter_string,
+                max_results=page_size,
+                page_token=token,
+            )
+            records = [mlflow_to_record(t, experiment) for t in page]
+            if records:
+                yield records
+            token = page.token
+            if not token:
+                break
+
+
+def _parse_tag(value: str | None) -> Any:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def _span_error(span: Any) -> dict[str, Any] | None:
+    for event in span.events or []:
+        if event.name == "exception":
+            attrs = event.attributes or {}
+            return {
+                "type": attrs.get("exception.type", ""),
+                "message": attrs.get("exception.message", ""),
+                "traceback": attrs.get("exception.stacktrace", ""),
+            }
+    return None
+
+
+def _mlflow_span(span: Any) -> SpanRecord:
+    attrs = dict(span.attributes or {})
+    kind = attrs.pop("rollout_tracer.kind", None) or _KIND_BY_TYPE.get(span.span_type, "other")
+    status = getattr(span.status.status_code, "value", str(span.status.status_code))
+    error = _span_error(span)
+    if status == "ERROR" and error is None:
+        error = {"type": "", "message": span.status.description or "error", "traceback": ""}
+    return SpanRecord(
+        span_id=span.span_id,
+        parent_id=span.parent_id,
+        name=span.name,
+        kind=str(kind),
+        start_ns=int(span.start_time_ns),
+        end_ns=int(span.end_time_ns or span.start_time_ns),
+        status="ERROR" if status == "ERROR" else "OK",
+        error=error,
+        inputs=span.inputs,
+        outputs=span.outputs,
+        attributes={k: v for k, v in attrs.items() if not k.startswith("mlflow.")},
+    )
+
+
+def _reward(trace: Any, root: SpanRecord | None) -> float | None:
+    for assessment in trace.info.assessments or []:
+        if assessment.name == "reward" and getattr(assessment, "feedback", None) is not None:
+            value = assessment.feedback.value
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+    tag = trace.info.tags.get("reward")
+    if tag:
+        try:
+            return float(tag)
+        except ValueError:
+            pass
+    value = root.attributes.get("reward") if root is not None else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def mlflow_to_record(trace: Any, experiment: str) -> TrajectoryRecord:
+    """An ``mlflow.entities.Trace`` written by the MLflow backend -> a TrajectoryRecord."""
+    spans = [_mlflow_span(s) for s in trace.data.spans]
+    roots = [s for s in spans if s.parent_id is None]
+    root = roots[0] if roots else None
+    if root is not None:
+        spans.remove(root)
+        spans.insert(0, root)
+    tags = dict(trace.info.tags or {})
+    trace_id = str(trace.info.trace_id)
+    start_ns = root.start_ns if root else int(trace.info.request_time) * 1_000_000
+    return TrajectoryRecord(
+        trace_id=trace_id[3:] if trace_id.startswith("tr-") else trace_id,
+        name=root.name if root else str(tags.get("mlflow.traceName", "")),
+        project_name=experiment,
+        experiment_name=tags.get("experiment_name", ""),
+        step=_parse_tag(tags.get("step")),
+        sample_index=_parse_tag(tags.get("sample_index")),
+        rollout_n=_parse_tag(tags.get("rollout_n")),
+        validate=tags.get("validate") == "true",
+        worker_id=tags.get("worker_id", ""),
+        start_ns=start_ns,
+        end_ns=root.end_ns if root else start_ns,
+        status=root.status if root else "OK",
+        reward=_reward(trace, root),
+        policy_version=_parse_tag(tags.get("policy_version")),
+        attributes={
+            k: v for k, v in tags.items() if k not in _KNOWN_TAGS and not k.startswith("mlflow.")
+        },
+        spans=spans,
+    )
+
+
+# ------------------------------------------------------------------------------------ Weave
+def iter_weave(*args: Any, **kwargs: Any) -> Iterator[list[TrajectoryRecord]]:
+    raise NotImplementedError(
+        "reading trajectories back from Weave is not implemented yet: trace with "
+        "backend=[weave, jsonl] and export with --from jsonl, or use --from mlflow"
+    )
+
+
+def iter_records(
+    source: str,
+    *,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    path: str | None = None,
+    selection: Selection | None = None,
+    page_size: int = PAGE_SIZE,
+) -> Iterator[list[TrajectoryRecord]]:
+    """Pages of trajectory records from ``source`` (one of :data:`SOURCES`)."""
+    if source == "mlflow":
+        if not experiment:
+            raise ValueError("--experiment is required with --from mlflow")
+        uri = tracking_uri or _default_tracking_uri()
+        return iter_mlflow(uri, experiment, selection, page_size)
+    if source == "jsonl":
+        if not path:
+            raise ValueError("--path FILE is required with --from jsonl")
+        return iter_jsonl(path, selection, experiment, page_size)
+    if source == "weave":
+        return iter_weave()
+    raise ValueError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
+
+
+def _default_tracking_uri() -> str:
+    import os
+
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    return env or f"sqlite:///{os.path.abspath('mlflow.db')}"

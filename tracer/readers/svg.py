@@ -1,0 +1,139 @@
+"""Small, dependency-free SVG charts for the HTML report (drawn by Python, no JS needed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+
+PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
+W, H = 460, 240
+PAD_L, PAD_R, PAD_T, PAD_B = 52, 16, 30, 36
+
+Point = tuple[float, float]
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    start = math.ceil(lo / step) * step
+    out = []
+    v = start
+    while v <= hi + step * 1e-9:
+        out.append(round(v, 10))
+        v += step
+    return out
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}"
+
+
+class _Frame:
+    """Maps data coordinates to the plot area; draws axes."""
+
+    def __init__(self, xs: Sequence[float], ys: Sequence[float], y_zero: bool = True) -> None:
+        self.x0, self.x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
+        lo, hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
+        if y_zero:
+            lo = min(lo, 0.0)
+        if hi == lo:
+            hi = lo + 1.0
+        pad = (hi - lo) * 0.05
+        self.y0, self.y1 = lo - (pad if lo < 0 else 0), hi + pad
+
+    def x(self, v: float) -> float:
+        span = self.x1 - self.x0
+        frac = 0.5 if span == 0 else (v - self.x0) / span
+        return PAD_L + 36 + frac * (W - PAD_L - PAD_R - 72)
+
+    def y(self, v: float) -> float:
+        return PAD_T + (1 - (v - self.y0) / (self.y1 - self.y0)) * (H - PAD_T - PAD_B)
+
+    def axes(self, title: str, xlabel: str, xs: Sequence[float]) -> list[str]:
+        out = [f'<text x="{W / 2}" y="18" class="t">{escape(title)}</text>']
+        for t in _ticks(self.y0, self.y1):
+            y = self.y(t)
+            out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" class="g"/>')
+            out.append(f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="yl">{_fmt(t)}</text>')
+        xticks = sorted(set(xs))
+        if len(xticks) > 12:
+            xticks = _ticks(self.x0, self.x1, 8)
+        for t in xticks:
+            x = self.x(t)
+            out.append(f'<text x="{x:.1f}" y="{H - PAD_B + 16}" class="xl">{_fmt(t)}</text>')
+        out.append(f'<text x="{W / 2}" y="{H - 4}" class="xl">{escape(xlabel)}</text>')
+        out.append(
+            f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{H - PAD_B}" y2="{H - PAD_B}" class="a"/>'
+        )
+        return out
+
+
+def _svg(body: list[str], label: str) -> str:
+    return (
+        f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
+        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
+        + "".join(body)
+        + "</svg>"
+    )
+
+
+def line_chart(
+    series: dict[str, list[Point]], title: str, xlabel: str = "step", y_zero: bool = True
+) -> str:
+    """One line (with dots) per series; a legend when there are several."""
+    xs = [x for pts in series.values() for x, _ in pts]
+    ys = [y for pts in series.values() for _, y in pts]
+    frame = _Frame(xs, ys, y_zero)
+    body = frame.axes(title, xlabel, xs)
+    for i, (name, pts) in enumerate(series.items()):
+        color = PALETTE[i % len(PALETTE)]
+        pts = sorted(pts)
+        path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in pts)
+        body.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for x, y in pts:
+            body.append(
+                f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="3" fill="{color}">'
+                f"<title>{escape(name)} @ {_fmt(x)}: {y:.4g}</title></circle>"
+            )
+        if len(series) > 1:
+            lx = PAD_L + 8 + i * 130
+            body.append(f'<rect x="{lx}" y="{PAD_T - 4}" width="10" height="3" fill="{color}"/>')
+            body.append(f'<text x="{lx + 14}" y="{PAD_T}" class="lg">{escape(name)}</text>')
+    return _svg(body, title)
+
+
+def strip_chart(points: list[Point], means: list[Point], title: str, xlabel: str = "step") -> str:
+    """Every value as a jittered dot per x, with the mean per x as a bar."""
+    xs = [x for x, _ in points]
+    frame = _Frame(xs, [y for _, y in points])
+    body = frame.axes(title, xlabel, xs)
+    distinct = sorted(set(xs))
+    gap = (frame.x(distinct[1]) - frame.x(distinct[0])) if len(distinct) > 1 else 80.0
+    width = min(gap * 0.6, 60.0)
+    for i, (x, y) in enumerate(points):
+        jitter = ((i * 0.618034) % 1 - 0.5) * width
+        body.append(
+            f'<circle cx="{frame.x(x) + jitter:.1f}" cy="{frame.y(y):.1f}" r="2.5" '
+            f'fill="{PALETTE[0]}" fill-opacity="0.35"/>'
+        )
+    for x, y in means:
+        cx = frame.x(x)
+        body.append(
+            f'<line x1="{cx - width / 2:.1f}" x2="{cx + width / 2:.1f}" y1="{frame.y(y):.1f}" '
+            f'y2="{frame.y(y):.1f}" stroke="{PALETTE[1]}" stroke-width="2.5">'
+            f"<title>mean @ {_fmt(x)}: {y:.4g}</title></line>"
+        )
+    return _svg(body, title)
+
+
+CSS = """
+svg text.t{font:600 13px sans-serif;text-anchor:middle;fill:#111}
+svg text.yl{font:11px sans-serif;text-anchor:end;fill:#555}
+svg text.xl{font:11px sans-serif;text-anchor:middle;fill:#555}
+svg text.lg{font:11px sans-serif;fill:#333}
+svg line.g{stroke:#e5e7eb} svg line.a{stroke:#9ca3af}
+"""
