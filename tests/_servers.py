@@ -51,19 +51,24 @@ class MlflowServer:
         exp = client.get_experiment_by_name(name)
         return str(exp.experiment_id) if exp is not None else str(client.create_experiment(name))
 
+    def stop(self, kill: bool = False) -> None:
+        """Stop the server's process group; ``kill`` sends SIGKILL at once (a crash)."""
+        if kill and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        _stop_group(self.proc)
+
 
 def _mlflow_executable() -> str:
     exe = Path(sys.executable).with_name("mlflow")
     return str(exe) if exe.exists() else (shutil.which("mlflow") or "mlflow")
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """A lean ``mlflow server`` (1 worker, no job execution) on a free 127.0.0.1 port, started
-    in its own process group; the group is stopped at the end of the session."""
-    pytest.importorskip("mlflow")
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
+def start_mlflow_server(root: Path, port: int | None = None) -> MlflowServer:
+    """Start a lean ``mlflow server`` (1 worker, no job execution) on 127.0.0.1 over the sqlite
+    store in ``root``, in its own process group, and wait until it is healthy."""
+    port = port or free_port()
     log_path = root / "server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [
@@ -80,7 +85,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         "--workers",
         "1",
     ]
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -99,9 +104,21 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
             if time.monotonic() > deadline:
                 raise RuntimeError(f"mlflow server not healthy: {log_path.read_text()[-3000:]}")
             time.sleep(0.25)
-        yield MlflowServer(url, proc, log_path)
-    finally:
+    except BaseException:
         _stop_group(proc)
+        raise
+    return MlflowServer(url, proc, log_path)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A lean ``mlflow server`` shared by the session; stopped at the end."""
+    pytest.importorskip("mlflow")
+    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:

@@ -59,6 +59,7 @@ class JsonlExporter:
 
     def __init__(self, config: TraceConfig) -> None:
         self.path = os.path.abspath(default_jsonl_path(config))
+        self.destination = self.path
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._lock = threading.Lock()
         self._written: set[str] = set()

@@ -53,6 +53,8 @@ class MlflowExporter:
         from mlflow.tracing.client import TracingClient
 
         self.tracing = TracingClient(self.tracking_uri)
+        self.is_server = self.tracking_uri.startswith(("http://", "https://"))
+        self.destination = f"{self.tracking_uri}#{self.experiment_id}"  # names the spool
 
     def _experiment_id(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
@@ -68,31 +70,88 @@ class MlflowExporter:
 
     def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
         spans = [s for record in batch for s in to_mlflow_spans(record)]
-        self.tracing.log_spans(self.experiment_id, spans)
+        if self.is_server:
+            self._post_spans(spans)
+        else:
+            self.tracing.log_spans(self.experiment_id, spans)
         self._log_rewards(batch)
         return ExportResult.SUCCESS
 
+    def _post_spans(self, spans: list[Any]) -> None:
+        """What ``RestStore.log_spans`` does (OTLP/HTTP to the server), but with our timeout
+        and no retries of its own: MLflow's HTTP retries back off for minutes while the server
+        is down, which would stall this worker instead of letting the spool take the batch."""
+        from mlflow.tracing.utils.otlp import MLFLOW_EXPERIMENT_ID_HEADER, OTLP_TRACES_PATH
+        from mlflow.utils.rest_utils import http_request, verify_rest_response
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        request = ExportTraceServiceRequest()
+        scope = request.resource_spans.add().scope_spans.add()
+        scope.spans.extend(span.to_otel_proto() for span in spans)
+        response = http_request(
+            host_creds=self.tracing.store.get_host_creds(),
+            endpoint=OTLP_TRACES_PATH,
+            method="POST",
+            data=request.SerializeToString(),
+            extra_headers={
+                "Content-Type": "application/x-protobuf",
+                MLFLOW_EXPERIMENT_ID_HEADER: self.experiment_id,
+            },
+            max_retries=0,
+            timeout=self.config.export_timeout_s,
+        )
+        verify_rest_response(response, OTLP_TRACES_PATH)
+
     def _log_rewards(self, batch: Sequence[TrajectoryRecord]) -> None:
+        """One ``reward`` feedback per trace, skipped where a replay finds it already there."""
         from mlflow.entities import AssessmentSource, Feedback
 
         for record in batch:
             if record.reward is None:
                 continue
             trace_id = mlflow_trace_id(record.trace_id)
-            try:
-                existing = self.tracing.get_trace_info(trace_id).assessments
-            except Exception:
-                existing = []
-            if any(a.name == REWARD_ASSESSMENT for a in existing or []):
-                continue  # a replayed batch: already there
-            self.tracing.log_assessment(
-                trace_id,
-                Feedback(
-                    name=REWARD_ASSESSMENT,
-                    value=float(record.reward),
-                    source=AssessmentSource(source_type="CODE", source_id="rollout-tracer"),
-                ),
+            if REWARD_ASSESSMENT in self._assessment_names(trace_id):
+                continue
+            feedback = Feedback(
+                name=REWARD_ASSESSMENT,
+                value=float(record.reward),
+                source=AssessmentSource(source_type="CODE", source_id="rollout-tracer"),
             )
+            if self.is_server:
+                self._rest(
+                    "POST",
+                    f"/api/3.0/mlflow/traces/{trace_id}/assessments",
+                    {"assessment": _assessment_json(feedback, trace_id)},
+                )
+            else:
+                self.tracing.log_assessment(trace_id, feedback)
+
+    def _assessment_names(self, trace_id: str) -> set[str]:
+        if self.is_server:
+            info = self._rest("GET", f"/api/3.0/mlflow/traces/{trace_id}", None)
+            found = (info.get("trace") or {}).get("trace_info", {}).get("assessments", [])
+            return {a.get("assessment_name", "") for a in found}
+        return {a.name for a in self.tracing.get_trace_info(trace_id).assessments or []}
+
+    def _rest(self, method: str, endpoint: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        """A REST call without MLflow's minutes-long retries (the spool retries instead)."""
+        import json
+
+        from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+        kwargs: dict[str, Any] = {"json": body} if body is not None else {}
+        response = http_request(
+            host_creds=self.tracing.store.get_host_creds(),
+            endpoint=endpoint,
+            method=method,
+            max_retries=0,
+            timeout=self.config.export_timeout_s,
+            **kwargs,
+        )
+        verify_rest_response(response, endpoint)
+        return dict(json.loads(response.text or "{}"))
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         return True
@@ -103,6 +162,15 @@ class MlflowExporter:
 
 def mlflow_trace_id(trace_id: str) -> str:
     return f"tr-{trace_id}"
+
+
+def _assessment_json(feedback: Any, trace_id: str) -> dict[str, Any]:
+    import json
+
+    from google.protobuf.json_format import MessageToJson
+
+    feedback.trace_id = trace_id
+    return dict(json.loads(MessageToJson(feedback.to_proto())))
 
 
 def to_mlflow_spans(record: TrajectoryRecord) -> list[Any]:
