@@ -4,8 +4,8 @@ entry-point group for third-party backends. ``import tracer`` imports no backend
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
