@@ -116,6 +116,17 @@ def _register_readers() -> None:
 _register_readers()
 
 
+def _register_replay() -> None:
+    """``replay`` (rollout/replay_cli.py): export what the spool kept after an outage/crash."""
+    from rollout import replay_cli
+
+    subcommand("replay", "export spooled trajectories (after an outage or a crash)",
+               replay_cli.configure_replay)(replay_cli.cmd_replay)  # fmt: skip
+
+
+_register_replay()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="rollout-tracer", description=__doc__)

@@ -56,7 +56,7 @@ def test_sigkill_then_replay_keeps_everything_finished_before_the_last_flush_int
     pytest.importorskip("mlflow")
     spool = tmp_path / "spool"
     progress = tmp_path / "progress.txt"
-    script = tmp_path / "rollout.py"
+    script = tmp_path / "crashing_job.py"
     script.write_text(ROLLOUT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
@@ -82,8 +82,12 @@ def test_sigkill_then_replay_keeps_everything_finished_before_the_last_flush_int
         if len(parts) == 2:
             finished[int(parts[0])] = float(parts[1])
 
-    result = replay(str(spool))  # the next run, or `rollout-tracer replay`, does this
-    assert result.ok, result.failed
+    # what the user runs after a crash (the next tracer on this spool would do it too)
+    out = subprocess.run([sys.executable, "-m", "rollout.cli", "replay", "--spool-dir",
+                          str(spool)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "trajectories replayed" in out.stdout
+    assert replay(str(spool)).replayed == {p.name: 0 for p in spool.iterdir()}  # nothing left
     stored = search_traces(mlflow_uri, "crash")
     ids = [(int(t.info.tags["step"]) * 50 + int(t.info.tags["sample_index"])) for t in stored]
     assert len(ids) == len(set(ids)), "a trajectory was stored twice"
