@@ -1,0 +1,189 @@
+"""Section 2: N trajectories of 5 spans (trajectory, generate, parse, tool, reward) into an
+embedded MLflow sqlite store: time until durable, and how many MLflow holds when read back.
+
+* ours: ``tracer`` with the ``mlflow`` backend; durable when ``tracer.flush()`` returns.
+* MLflow fluent API at its defaults (async trace logging): one root span with four child spans
+  per trajectory, like an instrumented agent loop would open them inline; durable when
+  ``mlflow.flush_trace_async_logging()`` returns. Run in its own (spawned) process so MLflow's
+  global tracing state does not touch ours.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import count_traces, mlflow_store, quiet_env, section_main
+
+PROMPT_IDS = list(range(200))
+EXPERIMENT = "bench-e2e"
+
+
+def _messages(i: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You are a careful math assistant."},
+        {"role": "user", "content": f"Problem {i}: what is 12 * (3 + {i % 10})?"},
+    ]
+
+
+def _ops() -> tuple[Any, Any, Any, Any]:
+    import tracer
+
+    @tracer.trace_op(kind="generate")
+    def generate(prompt_ids: list[int], messages: list[dict[str, str]]) -> dict[str, Any]:
+        return {"response_ids": prompt_ids[:40], "finish_reason": "stop"}
+
+    @tracer.trace_op(kind="parse")
+    def parse(text: str) -> dict[str, Any]:
+        return {"content": text, "tool_calls": [{"name": "calculator"}]}
+
+    @tracer.trace_op(kind="tool")
+    def call_tool(name: str, arguments: dict[str, Any]) -> str:
+        return "84"
+
+    @tracer.trace_op(kind="reward")
+    def reward(answer: str, ground_truth: str) -> dict[str, float]:
+        return {"score": 1.0}
+
+    return generate, parse, call_tool, reward
+
+
+def _produce(n: int, first_step: int = 0) -> None:
+    import tracer
+
+    generate, parse, call_tool, reward = _ops()
+    for i in range(n):
+        with tracer.trace_attr(step=first_step + i // 100, sample_index=i % 100, rollout_n=0):
+            generate(PROMPT_IDS, _messages(i))
+            parse("<tool_call>calculator</tool_call>")
+            call_tool("calculator", {"expression": "12 * 7"})
+            reward("84", "84")
+
+
+def ours(n: int, uri: str) -> dict[str, Any]:
+    import tracer
+
+    tracer.init(
+        {"backend": "mlflow", "tracking_uri": uri, "project_name": EXPERIMENT, "token2text": False}
+    )
+    t0 = time.perf_counter()
+    _produce(n)
+    produced = time.perf_counter() - t0
+    flushed = tracer.flush(timeout_s=600)
+    durable = time.perf_counter() - t0
+    metrics = tracer.metrics()
+    tracer.shutdown()
+    return {
+        "produce_s": round(produced, 3),
+        "durable_s": round(durable, 3),
+        "flush_ok": flushed,
+        "stored": count_traces(uri, EXPERIMENT),
+        "dropped": metrics.get("tracer/dropped_buffer_full", 0)
+        + metrics.get("tracer/mlflow/dropped", 0),
+    }
+
+
+def export_breakdown(n: int, uri: str) -> dict[str, Any]:
+    """Where our MLflow export spends its time: cProfile of ``MlflowExporter.export`` on ``n``
+    records, cumulative seconds per trajectory of the MLflow calls that dominate."""
+    import cProfile
+    import pstats
+
+    import tracer
+    from tracer.backends.mlflow_backend import MlflowExporter
+    from tracer.config import TraceConfig
+    from tracer.testing import InMemoryExporter
+
+    tracer.init({"backend": "memory"})
+    _produce(n, first_step=500)
+    tracer.flush()
+    records = list(InMemoryExporter.latest().records)
+    tracer.reset()
+    exporter = MlflowExporter(TraceConfig(backend=None, tracking_uri=uri, project_name="bd"))
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    exporter.export(records)
+    prof.disable()
+    total = time.perf_counter() - t0
+    wanted = ("log_spans", "_log_rewards", "get_trace_info", "log_assessment")
+    out: dict[str, Any] = {"records": len(records), "export_ms_per_trajectory": 0.0}
+    out["export_ms_per_trajectory"] = round(total / max(1, len(records)) * 1e3, 2)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    calls: dict[str, list[float]] = {}
+    for (_file, _line, func), (_cc, ncalls, _tt, ct, _callers) in stats.items():
+        if func in wanted or func.endswith("'commit' of 'sqlite3.Connection' objects>"):
+            key = "sqlite3 commit" if "sqlite3" in func else func
+            acc = calls.setdefault(key, [0, 0.0])
+            acc[0] += ncalls
+            acc[1] = max(acc[1], ct)
+    out["calls"] = {
+        k: {"calls": int(c), "ms_per_trajectory": round(t / max(1, len(records)) * 1e3, 2)}
+        for k, (c, t) in sorted(calls.items())
+    }
+    return out
+
+
+def mlflow_fluent(n: int, uri: str) -> dict[str, Any]:
+    quiet_env()
+    import logging
+
+    import mlflow
+    from mlflow.entities import SpanType
+
+    warnings: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage()[:200])
+
+    logging.getLogger("mlflow").addHandler(Catch())
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(EXPERIMENT)
+    t0 = time.perf_counter()
+    for i in range(n):
+        with mlflow.start_span("trajectory", span_type=SpanType.AGENT) as root:
+            root.set_inputs({"step": i // 100, "sample_index": i % 100})
+            mlflow.update_current_trace(tags={"step": str(i // 100)})
+            with mlflow.start_span("generate", span_type=SpanType.CHAT_MODEL) as s:
+                s.set_inputs({"prompt_ids": PROMPT_IDS, "messages": _messages(i)})
+                s.set_outputs({"response_ids": PROMPT_IDS[:40], "finish_reason": "stop"})
+            with mlflow.start_span("parse", span_type=SpanType.PARSER) as s:
+                s.set_inputs({"text": "<tool_call>calculator</tool_call>"})
+                s.set_outputs({"content": "", "tool_calls": [{"name": "calculator"}]})
+            with mlflow.start_span("call_tool", span_type=SpanType.TOOL) as s:
+                s.set_inputs({"name": "calculator", "arguments": {"expression": "12 * 7"}})
+                s.set_outputs("84")
+            with mlflow.start_span("reward", span_type=SpanType.EVALUATOR) as s:
+                s.set_inputs({"answer": "84", "ground_truth": "84"})
+                s.set_outputs({"score": 1.0})
+    produced = time.perf_counter() - t0
+    mlflow.flush_trace_async_logging(terminate=False)
+    durable = time.perf_counter() - t0
+    return {
+        "produce_s": round(produced, 3),
+        "durable_s": round(durable, 3),
+        "stored": count_traces(uri, EXPERIMENT),
+        "warnings": sorted(set(warnings))[:3],
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    n = 100 if quick else 1000
+    out: dict[str, Any] = {"n": n}
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
+        ours_uri = mlflow_store(tmp, "ours.db")
+        fluent_uri = mlflow_store(tmp, "fluent.db")
+        out["ours"] = ours(n, ours_uri)
+        out["ours_export_breakdown"] = export_breakdown(min(n, 100), mlflow_store(tmp, "bd.db"))
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(1) as pool:
+            out["mlflow_fluent"] = pool.apply(mlflow_fluent, (n, fluent_uri))
+    return out
+
+
+if __name__ == "__main__":
+    section_main(run)

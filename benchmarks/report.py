@@ -1,0 +1,248 @@
+"""Render the results of one run as RESULTS.md: machine, versions, tables, targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HOT_ROWS = (
+    ("bare", "bare function call"),
+    ("off", "our op, tracing off (no backend)"),
+    ("unsampled_n1", "our op, unsampled trajectory (N=1, its sample's hash loses)"),
+    ("unsampled_n0", "our op, N=0 (sampling off)"),
+    ("trace_false", "our op, trace_attr(trace=False)"),
+    ("outside_trajectory", "our op, tracing on, outside any trajectory"),
+    ("sampled", "**our op, sampled trajectory**"),
+    ("sampled_generate_payload", "our op, sampled, generate-sized payload (1k ids, 6 msgs)"),
+    ("trajectory_open_close", "our trace_attr enter+exit (per trajectory, sampled)"),
+    ("otel_sdk_span", "OpenTelemetry SDK span, BatchSpanProcessor, no-op exporter"),
+    ("mlflow_start_span", "mlflow.start_span (child span, async logging, sqlite)"),
+    ("verl_style_mlflow", "verl-style: inspect.signature().bind per call + mlflow.start_span"),
+    ("weave_op", "weave.op (in-process trace server)"),
+)
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def _mark(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**met**" if ok else "**MISSED**")
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
+    med = (r.get("hotpath") or {}).get("median_us") or {}
+    s, ml, ot, bare = (
+        med.get(k) for k in ("sampled", "mlflow_start_span", "otel_sdk_span", "bare")
+    )
+    if s and ml:
+        out.append(("sampled op <= 1/20 of mlflow.start_span", f"1/{ml / s:.0f}", ml / s >= 20))
+    if s and ot:
+        out.append(("sampled op < OTel SDK span", f"{s:.2f} vs {ot:.2f} µs", s < ot))
+    u = med.get("unsampled_n1")
+    if u is not None and bare is not None:
+        out.append(("unsampled op <= bare call + 1 µs", f"+{u - bare:.3f} µs", u - bare <= 1.0))
+    e2e = r.get("e2e") or {}
+    if "ours" in e2e and "mlflow_fluent" in e2e:
+        o, f, n = e2e["ours"], e2e["mlflow_fluent"], e2e["n"]
+        speed = f["durable_s"] / o["durable_s"] if o["durable_s"] else 0.0
+        out.append((f"all {n} trajectories durable", f"{o['stored']}/{n}", o["stored"] == n))
+        out.append(("durable >= 10x faster than MLflow fluent", f"{speed:.1f}x", speed >= 10))
+    for eng in (r.get("throughput") or {}).get("engines", []):
+        if eng.get("engine") == "hf" and "modes" in eng:
+            rel = eng["modes"]["on_100pct"]["relative_throughput"]
+            out.append(
+                ("real engine throughput at 100 % >= 0.99 of off", f"{rel:.3f}", rel >= 0.99)
+            )
+    mem = r.get("memory") or {}
+    if "peak_growth_mib" in mem:
+        bounded = mem["peak_growth_mib"] < mem["unbounded_estimate_mib"] and mem["dropped"] > 0
+        text = f"+{mem['peak_growth_mib']} MiB, {mem['dropped']} dropped (counted)"
+        out.append(("stalled backend: RSS bounded, drops counted", text, bounded))
+    return out
+
+
+def _machine(r: dict[str, Any]) -> list[str]:
+    m = r["machine"]
+    v = m["versions"]
+    lines = [
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_gib']} GiB; "
+        f"load average at start {m['load_avg']} (shared machine: compare ratios, not times)",
+        f"- Python {m['python']} on {m['platform']}; commit {m['commit']}",
+        "- Packages: " + ", ".join(f"{k} {v[k] or 'not installed'}" for k in v),
+        f"- Mode: {'quick' if r['quick'] else 'full'}; whole run {r.get('total_s')} s",
+        "",
+    ]
+    return lines
+
+
+def _hotpath(h: dict[str, Any]) -> list[str]:
+    if "error" in h:
+        return ["## 1. Hot path", "", f"Section failed: `{h['error']}`", ""]
+    med = h["median_us"]
+    s = med.get("sampled")
+    lines = [
+        "## 1. Hot path: one traced op",
+        "",
+        f"Median of {h['repeats']} repeats of {h['n']:,} calls (MLflow, verl-style and Weave: "
+        f"{h['n_heavy']} calls) of `tool(name, arguments)`, inside one open trajectory / root "
+        "span; background exporters flushed between repeats, outside the timing.",
+        "",
+        "| variant | median µs/call | - bare µs | ÷ ours sampled |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, label in HOT_ROWS:
+        if key not in med:
+            continue
+        ratio = f"{med[key] / s:.2f}x" if s else "n/a"
+        lines.append(f"| {label} | {med[key]:.3f} | {med[key] - med['bare']:+.3f} | {ratio} |")
+    if "weave_skipped" in h:
+        lines.append(f"\nweave.op not measured: {h['weave_skipped']}")
+    elif "weave_server" in h:
+        lines.append(f"\nweave.op ran against `{h['weave_server']}` (in-process trace server).")
+    lines += ["", "### Where a sampled op spends its time (cProfile, per op call)", ""]
+    lines += ["| function | calls/op | tottime µs/op | cumtime µs/op |", "|---|---:|---:|---:|"]
+    for row in h.get("profile_sampled", []):
+        lines.append(
+            f"| `{row['function']}` | {row['calls_per_op']} | {row['tottime_us_per_op']} "
+            f"| {row['cumtime_us_per_op']} |"
+        )
+    lines += ["", "cProfile inflates every call by roughly the same amount; read it for shares."]
+    return [*lines, ""]
+
+
+def _e2e(e: dict[str, Any]) -> list[str]:
+    if "error" in e:
+        return ["## 2. End to end", "", f"Section failed: `{e['error']}`", ""]
+    n = e["n"]
+    lines = [
+        f"## 2. End to end: {n:,} trajectories of 5 spans into an embedded MLflow sqlite store",
+        "",
+        "Durable = `tracer.flush()` returned (ours) / `mlflow.flush_trace_async_logging()` "
+        "returned (MLflow fluent, default async logging, own process). Stored = read back with "
+        "`MlflowClient.search_traces`, every page.",
+        "",
+        "| path | produce s | durable s | stored | dropped/warnings |",
+        "|---|---:|---:|---:|---|",
+    ]
+    o, f = e["ours"], e["mlflow_fluent"]
+    lines.append(
+        f"| rollout-tracer (mlflow backend) | {o['produce_s']} | {o['durable_s']} "
+        f"| {o['stored']}/{n} | {o['dropped']} dropped |"
+    )
+    warn = "; ".join(f.get("warnings") or []) or "none"
+    lines.append(
+        f"| MLflow fluent `start_span` | {f['produce_s']} | {f['durable_s']} "
+        f"| {f['stored']}/{n} | {warn} |"
+    )
+    speed = f["durable_s"] / o["durable_s"] if o["durable_s"] else 0.0
+    lines += ["", f"Time to durable: ours is {speed:.1f}x faster.", ""]
+    bd = e.get("ours_export_breakdown")
+    if bd:
+        lines += [
+            f"Where our MLflow export spends its time (cProfile of `MlflowExporter.export` on "
+            f"{bd['records']} records: {bd['export_ms_per_trajectory']} ms per trajectory):",
+            "",
+            "| call | calls | cumulative ms per trajectory |",
+            "|---|---:|---:|",
+        ]
+        for name, c in bd["calls"].items():
+            lines.append(f"| `{name}` | {c['calls']} | {c['ms_per_trajectory']} |")
+        lines.append("")
+    return lines
+
+
+def _throughput(t: dict[str, Any]) -> list[str]:
+    lines = ["## 3. Rollout throughput (rollout.worker.RolloutWorker, asyncio)", ""]
+    if "error" in t:
+        return [*lines, f"Section failed: `{t['error']}`", ""]
+    lines += [
+        "Modes interleaved (off, on, sampled, off, ...); median rollout wall time per mode. "
+        "Tracing exports to a real MLflow sqlite store in the background during the rollout; "
+        "`flush s` is the `tracer.flush()` after the steps, reported apart.",
+        "",
+    ]
+    for eng in t["engines"]:
+        if "error" in eng:
+            lines += [f"- engine `{eng['engine']}`: failed: `{eng['error']}`", ""]
+            continue
+        lines += [
+            f"**{eng['engine']}** ({eng['model']}; {eng['trajectories_per_rep']} trajectories "
+            f"in {eng['steps_per_rep']} step(s) per run, {eng['repeats']} run(s) per mode; "
+            f"response tokens per run {eng['response_tokens_per_rep']})",
+            "",
+            "| mode | rollout s | trajectories/s | relative to off | flush s | exported |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for mode, m in eng["modes"].items():
+            exported = _f(m["exported_last_rep"])
+            lines.append(
+                f"| {mode} | {m['rollout_s']} | {m['trajectories_per_s']} "
+                f"| {m['relative_throughput']:.4f} | {m['flush_s']} | {exported} |"
+            )
+        lines.append("")
+    lines += [f"vLLM: {t.get('vllm')}", ""]
+    return lines
+
+
+def _memory(mem: dict[str, Any]) -> list[str]:
+    lines = ["## 4. Peak memory with a stalled backend", ""]
+    if "error" in mem:
+        return [*lines, f"Section failed: `{mem['error']}`", ""]
+    p50, p99, mx = mem["trajectory_us_p50_p99_max"]
+    lines += [
+        f"A registered backend whose `export` never returns; {mem['trajectories']:,} "
+        f"trajectories of 5 spans (~{mem['tracer_estimate_bytes_per_trajectory']:,} bytes each "
+        f"by the tracer's estimate) with max_buffer_trajectories={mem['max_buffer_trajectories']},"
+        f" max_buffer_bytes={mem['max_buffer_bytes']:,}.",
+        "",
+        "| measure | value |",
+        "|---|---:|",
+        f"| RSS before | {mem['baseline_rss_mib']} MiB |",
+        f"| peak RSS | {mem['peak_rss_mib']} MiB (+{mem['peak_growth_mib']} MiB) |",
+        f"| unbounded would hold (estimate) | {mem['unbounded_estimate_mib']} MiB |",
+        f"| RSS growth every 500 trajectories | {mem['rss_growth_every_500_mib']} MiB |",
+        f"| held (buffer + backend queue) / dropped | {mem['held']} / {mem['dropped']} |",
+        f"| hot path per trajectory p50 / p99 / max | {p50} / {p99} / {mx} µs |",
+        f"| produce time | {mem['produce_s']} s |",
+        "",
+        "`tracer.metrics()` at the end: `"
+        + ", ".join(f"{k}={v}" for k, v in mem["metrics"].items())
+        + "`",
+        "",
+    ]
+    return lines
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `{r['command']}` on {r['started']}. Regenerate with the same command.",
+        "",
+    ]
+    lines += _machine(r)
+    lines += ["## Targets (ratios within this run)", "", "| target | measured | |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {_mark(ok)} |" for name, value, ok in targets(r)]
+    lines.append("")
+    if "hotpath" in r:
+        lines += _hotpath(r["hotpath"])
+    if "e2e" in r:
+        lines += _e2e(r["e2e"])
+    if "throughput" in r:
+        lines += _throughput(r["throughput"])
+    if "memory" in r:
+        lines += _memory(r["memory"])
+    lines += [
+        "## Not measured",
+        "",
+        "- Export of 10,000 trajectories to Parquet: `rollout-tracer export` does not exist yet.",
+        "",
+    ]
+    return "\n".join(lines)
