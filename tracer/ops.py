@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from contextvars import ContextVar, Token
+from time import perf_counter_ns
 from typing import Any, TypeVar
 
 from tracer.record import KINDS
@@ -61,6 +62,7 @@ class Trajectory:
 
     __slots__ = (
         "attributes",
+        "hot_ns",
         "nbytes",
         "policy_version",
         "rollout_n",
@@ -95,6 +97,7 @@ class Trajectory:
         self.root = _Span(name, "trajectory", None, None)
         self.spans: list[_Span] = [self.root]
         self.nbytes = 512
+        self.hot_ns = 0  # time spent in the tracer's own hot-path code (a metric)
 
 
 class _Frame:
@@ -203,6 +206,7 @@ class trace_attr:
 
 
 def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Span:
+    t0 = perf_counter_ns()
     traj = frame.traj
     assert traj is not None
     tracer = traj.tracer
@@ -223,13 +227,16 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
         span.tokenizer = getattr(args[0], "tokenizer", None)
     traj.nbytes += nbytes + 256
     traj.spans.append(span)
+    traj.hot_ns += perf_counter_ns() - t0
     return span
 
 
 def _finish(traj: Trajectory, span: _Span, result: Any) -> None:
+    t0 = perf_counter_ns()
     span.end_ns = time.time_ns()
     span.outputs, nbytes = snapshot(result, traj.tracer.config.max_list_items)
     traj.nbytes += nbytes
+    traj.hot_ns += perf_counter_ns() - t0
 
 
 def _fail(span: _Span, exc: BaseException) -> None:

@@ -336,6 +336,8 @@ class Pipeline:
         self.processed_seq = 0
         self.dropped_buffer_full = 0
         self.process_errors = 0
+        self.hot_ns = 0  # the rollout's time inside tracer code, over processed trajectories
+        self.hot_trajectories = 0
         self.processor: threading.Thread | None = None
         self.closed = False
         self.pid = os.getpid()
@@ -403,6 +405,8 @@ class Pipeline:
                 while self.buffer and len(batch) < self.config.export_batch_size:
                     traj = self.buffer.popleft()
                     self.buffered_bytes -= traj.nbytes
+                    self.hot_ns += traj.hot_ns
+                    self.hot_trajectories += 1
                     batch.append(traj)
                 seq = self.submitted - len(self.buffer)
             records: list[TrajectoryRecord] = []
@@ -473,6 +477,9 @@ class Pipeline:
             "tracer/dropped_buffer_full": self.dropped_buffer_full,
             "tracer/evicted_by_sampling": self.sampler.evicted,
             "tracer/process_errors": self.process_errors,
+            "tracer/hot_path_ms": self.hot_ns / 1e6,
+            "tracer/hot_path_us_per_trajectory": (
+                self.hot_ns / 1e3 / self.hot_trajectories if self.hot_trajectories else 0.0),
         }
         for w in self.workers:
             m[f"tracer/{w.name}/exported"] = w.exported
