@@ -42,8 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     import tracer
     from rollout.config import load_config, trace_config
     from rollout.engines import make_engine
+    from rollout.trackers import Tracking
     from rollout.worker import RolloutWorker
 
+    tracking: Any = None
     try:  # configuration errors: a clear message and exit code 2, no traceback
         config = load_config(args.overrides, args.config)
         trace = trace_config(config)
@@ -51,10 +53,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         names = backends if isinstance(backends, list) else [backends] if backends else []
         if "mlflow" in names:
             trace["tracking_uri"] = _tracking_uri(trace)
+        tracking = args.tracking = Tracking.from_config(config, trace)  # trainer.logger
+        if tracking.mlflow_run_id and "mlflow" in names:
+            trace["mlflow_run_id"] = tracking.mlflow_run_id  # traces linked to the MLflow run
         tracer.init(trace)
+        from rollout.ray_workers import cmd_run_ray, num_workers
+
+        ray_workers = num_workers(config)  # agent.num_workers > 0: rollout in Ray actors
     except (KeyError, ValueError) as exc:
+        if tracking is not None:
+            tracking.finish(failed=True)
         print(f"rollout-tracer: error: {exc}", file=sys.stderr)
         return 2
+    if ray_workers:
+        return cmd_run_ray(args, config, trace, lambda: _print_browse_hint(trace, names))
     steps = int(config["trainer"]["total_steps"])
     rollout = config["actor_rollout_ref"]["rollout"]
     total = steps * int(config["data"]["train_batch_size"]) * int(rollout["n"])
@@ -70,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_step(result: Any) -> None:
         m = result.metrics()
         bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
-        tqdm.write(f"step {result.step}: " + ", ".join(f"{k}={v:.2f}" for k, v in m.items()))
+        tracking.log_step(result, tracer.metrics())  # console line, trackers (trainer.logger)
 
     async def main() -> None:
         try:
@@ -85,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tracer.flush(timeout_s=60)
         stats = tracer.metrics()
         tracer.shutdown()
+        tracking.finish(failed=sys.exc_info()[1] is not None)
     print(f"done: {total} trajectories in {time.perf_counter() - t0:.1f} s; tracer: {stats}")
     _print_browse_hint(trace, names)
     return 0
@@ -125,6 +138,17 @@ def _register_replay() -> None:
 
 
 _register_replay()
+
+
+def _register_ui() -> None:
+    """``ui`` (rollout/ui.py): the MLflow trace UI on the store the run used."""
+    from rollout import ui
+
+    subcommand("ui", "browse the traces in the MLflow UI (starts a local mlflow server)",
+               ui.configure_ui)(ui.cmd_ui)  # fmt: skip
+
+
+_register_ui()
 
 
 def build_parser() -> argparse.ArgumentParser:

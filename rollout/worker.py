@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class StepResult:
 
     step: int
     outputs: list[AgentLoopOutput]
+    elapsed_s: float = 0.0  # wall time of the step (rollout/metrics.py: throughput)
 
     def metrics(self) -> dict[str, float]:
         """Mean score/accuracy, turns, tool calls and response length of the step."""
@@ -88,6 +90,7 @@ class RolloutWorker:
             max_tool_response_length=int(multi.get("max_tool_response_length", 512)),
             tool_response_truncate_side=multi.get("tool_response_truncate_side", "right"),
             use_tools=enable,
+            interaction=multi.get("interaction") if enable else None,
         )
         tools = default_tools(multi.get("tools")) if enable else None
         self.agent = ToolAgentLoop(engine, tools, self.loop_config)
@@ -136,8 +139,9 @@ class RolloutWorker:
                 on_done(out)
             return out
 
+        t0 = time.perf_counter()
         outs = await asyncio.gather(*(one(row, k) for row in batch for k in range(self.n)))
-        return StepResult(step, list(outs))
+        return StepResult(step, list(outs), time.perf_counter() - t0)
 
     async def run(
         self,

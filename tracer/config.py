@@ -65,6 +65,9 @@ class TraceConfig:
     otlp_endpoint: str | None = None  # otlp; default: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
     otlp_headers: dict[str, str] = field(default_factory=dict)
     weave_entity: str | None = None
+    # mlflow: link every exported trace to this MLflow run (search_traces(run_id=...), the
+    # run's Traces tab); the run must be in the experiment named project_name
+    mlflow_run_id: str | None = None
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
     on_backend_error: str = "raise"
     # raise tracer-internal errors instead of logging them (the project's own tests set it)
