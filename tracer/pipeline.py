@@ -212,7 +212,7 @@ class ExportWorker:
         while self.pending and not self.stopping:
             path = self.pending[0]
             records = read_batch(path) if path.exists() else []
-            if records and not self._export(records, retries=0):
+            if records and not self._export(records, retries=0, replay=True):
                 with self.cond:
                     self.down = True
                 break
@@ -229,11 +229,19 @@ class ExportWorker:
             self.replay_round += 1
             self.cond.notify_all()
 
-    def _export(self, batch: list[TrajectoryRecord], retries: int) -> bool:
+    def _export(self, batch: list[TrajectoryRecord], retries: int, replay: bool = False) -> bool:
         delay = 0.25
         for attempt in range(retries + 1):
             try:
-                result = self.exporter.export(batch)
+                if replay and hasattr(self.exporter, "replaying"):
+                    # exporters that skip idempotency lookups on first export need to know
+                    self.exporter.replaying = True
+                    try:
+                        result = self.exporter.export(batch)
+                    finally:
+                        self.exporter.replaying = False
+                else:
+                    result = self.exporter.export(batch)
             except Exception as exc:
                 result = ExportResult.FAILURE
                 key = f"export {self.name}"

@@ -61,6 +61,8 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
             if path is None:
                 continue
             records = read_batch(path)
+            if hasattr(exporter, "replaying"):
+                exporter.replaying = True  # may already be stored: check before adding
             try:
                 ok = not records or exporter.export(records) is ExportResult.SUCCESS
             except Exception as exc:
