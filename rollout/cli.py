@@ -57,11 +57,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         if tracking.mlflow_run_id and "mlflow" in names:
             trace["mlflow_run_id"] = tracking.mlflow_run_id  # traces linked to the MLflow run
         tracer.init(trace)
+        from rollout.ray_workers import cmd_run_ray, num_workers
+
+        ray_workers = num_workers(config)  # agent.num_workers > 0: rollout in Ray actors
     except (KeyError, ValueError) as exc:
         if tracking is not None:
             tracking.finish(failed=True)
         print(f"rollout-tracer: error: {exc}", file=sys.stderr)
         return 2
+    if ray_workers:
+        return cmd_run_ray(args, config, trace, lambda: _print_browse_hint(trace, names))
     steps = int(config["trainer"]["total_steps"])
     rollout = config["actor_rollout_ref"]["rollout"]
     total = steps * int(config["data"]["train_batch_size"]) * int(rollout["n"])

@@ -1,0 +1,129 @@
+"""Rollout workers as Ray actors tracing into one real MLflow tracking server, read back with
+MLflow's own client: per-worker sampling limits, whole GRPO groups, no duplicates, worker tags."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout.config import load_config, trace_config
+from rollout.ray_workers import num_workers, ray_init_kwargs, split_by_prompt
+from rollout.worker import iterate_batches, load_dataset
+from tests._servers import start_mlflow_server
+from tests.conftest import search_traces
+from tracer.sampling import sample_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+EXP = "ray-workers"
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
+# "" is in every prompt: each trajectory calls the calculator once, then answers
+SCRIPT = {"": [f"Let me compute.\n{CALL}", "The result is 42.\n#### 42"]}
+
+
+def test_split_by_prompt_keeps_order_and_balances() -> None:
+    assert split_by_prompt([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+    assert split_by_prompt([1, 2, 3, 4, 5, 6], 3) == [[1, 2], [3, 4], [5, 6]]
+    assert split_by_prompt([1], 3) == [[1], [], []]
+
+
+def test_config_keys_default_to_in_process() -> None:
+    config = load_config()
+    assert num_workers(config) == 0  # default: the in-process worker, no Ray
+    assert ray_init_kwargs(config) == {}  # address null: RAY_ADDRESS, else a local cluster
+    config = load_config(["actor_rollout_ref.rollout.agent.num_workers=2",
+                          "ray_kwargs.ray_init.address=auto"])  # fmt: skip
+    assert num_workers(config) == 2
+    assert ray_init_kwargs(config) == {"address": "auto"}
+    with pytest.raises(ValueError, match="num_workers"):
+        num_workers(load_config(["actor_rollout_ref.rollout.agent.num_workers=-1"]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="ray is not installed (pip install 'rollout-tracer[ray]')",
+)
+def test_two_ray_workers_trace_sampled_groups_into_one_server(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    pytest.importorskip("transformers")
+    import ray
+
+    from rollout.ray_workers import RayRolloutPool
+
+    limit, n, batch_size, steps = 2, 2, 6, 3
+    root = tmp_path / "server"
+    root.mkdir()
+    server = start_mlflow_server(root)
+    config = load_config([
+        "actor_rollout_ref.rollout.name=scripted",
+        f"actor_rollout_ref.rollout.n={n}",
+        f"data.train_batch_size={batch_size}",
+        f"trainer.total_steps={steps}",
+        f"trainer.project_name={EXP}",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
+        f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
+    ])  # fmt: skip
+    trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
+             "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
+    pool: Any = None
+    t0 = time.perf_counter()
+    try:
+        # A new small local cluster (address="local": never a cluster `ray start`ed on this
+        # machine); PYTHONPATH lets the workers import the checkout even uninstalled.
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 object_store_memory=150 * 1024**2,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
+        # the scripted engine waits a little per call, so every trajectory of a step starts
+        # before the first one ends and sampling keeps exactly the lowest hashes
+        pool = RayRolloutPool(config, trace, engine_kwargs={"script": SCRIPT, "delay_s": 0.02})
+        assert len(pool.worker_ids) == 2 and len(set(pool.worker_ids)) == 2
+        results = pool.run(steps)
+        assert [len(r.outputs) for r in results] == [batch_size * n] * steps
+        assert all(o.tool_calls == 1 and o.reward for r in results for o in r.outputs)
+        # the driver waited for every worker's traces of every step to be durable
+        assert pool.flushed == {s: [True, True] for s in range(1, steps + 1)}
+        for m in pool.metrics():
+            assert m["tracer/mlflow/exported"] == limit * n * steps, m
+            assert m["tracer/mlflow/failed"] == 0 and m["tracer/dropped_buffer_full"] == 0
+        worker_ids = list(pool.worker_ids)
+    finally:
+        try:
+            if pool is not None:
+                pool.shutdown()
+        finally:
+            ray.shutdown()
+    elapsed = time.perf_counter() - t0
+
+    try:
+        # expected: per step, worker i ran half of the batch (whole prompts) and kept the
+        # `limit` prompts with the lowest sampling hash, each with all its n samples
+        data = config["data"]
+        batches = iterate_batches(load_dataset(data["train_files"]), batch_size,
+                                  int(data["seed"]), bool(data["shuffle"]))  # fmt: skip
+        expected: dict[tuple[str, str, str], str] = {}
+        for step in range(1, steps + 1):
+            batch = next(batches)
+            half = batch_size // 2
+            for w, chunk in enumerate((batch[:half], batch[half:])):
+                idx = sorted((r["index"] for r in chunk),
+                             key=lambda i, s=step: sample_hash(0, s, False, i))  # fmt: skip
+                for i in idx[:limit]:
+                    for k in range(n):
+                        expected[(str(step), str(i), str(k))] = worker_ids[w]
+        traces = search_traces(server.url, EXP)
+        got = [(t.info.tags["step"], t.info.tags["sample_index"], t.info.tags["rollout_n"])
+               for t in traces]  # fmt: skip
+        assert len(got) == len(set(got)), "a trajectory was stored twice"
+        assert len(got) == len(expected) == 2 * limit * n * steps
+        assert set(got) == set(expected)
+        for t, key in zip(traces, got, strict=True):
+            assert t.info.tags["worker_id"] == expected[key]
+        assert all(w.startswith(f"worker-{i}@") and ":" in w for i, w in enumerate(worker_ids))
+        print(f"ray workers: {len(got)} traces in {elapsed:.1f} s (cluster start to shutdown)")
+    finally:
+        server.stop()
