@@ -140,6 +140,17 @@ def _register_replay() -> None:
 _register_replay()
 
 
+def _register_ui() -> None:
+    """``ui`` (rollout/ui.py): the MLflow trace UI on the store the run used."""
+    from rollout import ui
+
+    subcommand("ui", "browse the traces in the MLflow UI (starts a local mlflow server)",
+               ui.configure_ui)(ui.cmd_ui)  # fmt: skip
+
+
+_register_ui()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="rollout-tracer", description=__doc__)

@@ -18,6 +18,15 @@ tool        execute_tool               gen_ai.tool.name, gen_ai.tool.call.id,
                                        gen_ai.tool.call.arguments / result
 =========== ========================== ==================================================
 
+Generate spans whose inputs hold a ``messages`` list also carry ``mlflow.chat.messages``: the
+conversation as OpenAI-style chat messages (roles ``system``/``user``/``assistant``/``tool``,
+string content, ``tool_calls`` with an id and JSON-string arguments) followed by the assistant's
+reply (``response_text``, else the text in the outputs). MLflow's trace UI renders this attribute
+as the span's Chat tab; malformed messages would make it fall back to raw JSON, so every
+message is normalized to the shape the UI accepts. The root span's outputs gain an OpenAI
+``choices`` entry with the final reply (its tail when long): MLflow shows it as the trace's
+response in the traces list and as the root span's assistant output.
+
 Attribute values are built as plain Python values and then encoded by ``encode``: the MLflow
 backend JSON-encodes every value (MLflow's in-process span format); the OTLP backend keeps
 strings, numbers and booleans as they are and JSON-encodes the rest.
@@ -38,6 +47,7 @@ _JSON_KEYS = frozenset(
     {
         "mlflow.spanInputs",
         "mlflow.spanOutputs",
+        "mlflow.chat.messages",
         "gen_ai.input.messages",
         "gen_ai.output.messages",
         "gen_ai.tool.call.arguments",
@@ -98,6 +108,16 @@ def span_attributes(
         "mlflow.spanOutputs": root_outputs(record) if is_root else span.outputs,
         "rollout_tracer.kind": span.kind,
     }
+    if span.kind == "generate":
+        chat = chat_messages(span)
+        if chat:
+            attrs["mlflow.chat.messages"] = chat
+    elif is_root:
+        last = _last_generate(record)
+        reply = _output_text(last) if last is not None else None
+        outputs = attrs["mlflow.spanOutputs"]
+        if reply and isinstance(outputs, dict) and not {"messages", "choices"} & outputs.keys():
+            attrs["mlflow.spanOutputs"] = {"choices": [_preview_choice(reply)], **outputs}
     attrs.update(span.attributes)
     if is_root:
         for key, value in record.tags().items():
@@ -158,6 +178,92 @@ def genai_attributes(record: TrajectoryRecord, span: SpanRecord) -> dict[str, An
     return out
 
 
+# MLflow (OSS) keeps the first 1000 characters of a trace's response as its preview in the
+# traces list (mlflow.tracing.constant.TRACE_REQUEST_RESPONSE_PREVIEW_MAX_LENGTH_OSS).
+PREVIEW_CHARS = 1000
+
+
+def _last_generate(record: TrajectoryRecord) -> SpanRecord | None:
+    for span in reversed(record.spans):
+        if span.kind == "generate":
+            return span
+    return None
+
+
+def _preview_choice(reply: str) -> dict[str, Any]:
+    """The final reply as an OpenAI ``choices`` entry, which MLflow reads for the trace's
+    response preview. MLflow cuts previews at the head; the answer is usually at the end of
+    a long reply, so a long reply keeps its tail here (the full text is in the spans)."""
+    if len(reply) > PREVIEW_CHARS:
+        reply = "[...] " + reply[-(PREVIEW_CHARS - 6) :]
+    return {"index": 0, "message": {"role": "assistant", "content": reply}}
+
+
+_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_ROLE_ALIASES = {"developer": "system", "function": "tool", "ipython": "tool"}
+
+
+def chat_messages(span: SpanRecord) -> list[dict[str, Any]] | None:
+    """``mlflow.chat.messages`` of a generate span: its input ``messages`` as OpenAI-style chat
+    messages plus the assistant's reply; None when the inputs have no messages list."""
+    inputs = span.inputs if isinstance(span.inputs, dict) else {}
+    messages = inputs.get("messages")
+    if not isinstance(messages, list):
+        return None
+    out = [_chat_message(m, i) for i, m in enumerate(messages) if isinstance(m, dict)]
+    if not out:
+        return None
+    text = _output_text(span)
+    if text is not None:
+        out.append({"role": "assistant", "content": text})
+    return out
+
+
+def _chat_message(message: dict[str, Any], index: int) -> dict[str, Any]:
+    """One message in the shape MLflow's chat view accepts (anything else is kept as text)."""
+    role = str(message.get("role", "user"))
+    role = _ROLE_ALIASES.get(role, role)
+    content = _chat_content(message.get("content"))
+    if role not in _CHAT_ROLES:  # keep the message, say what it was
+        content = f"[{role}] {content or ''}"
+        role = "user"
+    out: dict[str, Any] = {"role": role, "content": content}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        out["tool_calls"] = [_chat_tool_call(c, f"call_{index}_{j}") for j, c in enumerate(calls)]
+    for key in ("tool_call_id", "name"):
+        value = message.get(key)
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _chat_content(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return dumps(content)
+
+
+def _chat_tool_call(call: Any, default_id: str) -> dict[str, Any]:
+    call = call if isinstance(call, dict) else {"function": {"name": str(call)}}
+    function = call.get("function")
+    fn: dict[str, Any] = function if isinstance(function, dict) else call
+    arguments = fn.get("arguments")
+    call_id = call.get("id")
+    return {
+        "id": str(call_id) if call_id is not None else default_id,
+        "type": "function",
+        "function": {
+            "name": str(fn.get("name", "")),
+            "arguments": arguments if isinstance(arguments, str) else dumps(arguments or {}),
+        },
+    }
+
+
 def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     content = message.get("content")
@@ -199,7 +305,8 @@ def _input_messages(messages: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def _output_messages(span: SpanRecord, finish: str | None) -> list[dict[str, Any]] | None:
+def _output_text(span: SpanRecord) -> str | None:
+    """The generated text: ``response_text`` (token2text), else the text in the outputs."""
     text = span.attributes.get("response_text")
     outputs = span.outputs
     if not isinstance(text, str) and isinstance(outputs, dict):
@@ -209,7 +316,12 @@ def _output_messages(span: SpanRecord, finish: str | None) -> list[dict[str, Any
                 break
     if not isinstance(text, str) and isinstance(outputs, str):
         text = outputs
-    if not isinstance(text, str):
+    return text if isinstance(text, str) else None
+
+
+def _output_messages(span: SpanRecord, finish: str | None) -> list[dict[str, Any]] | None:
+    text = _output_text(span)
+    if text is None:
         return None
     return [
         {
