@@ -268,16 +268,30 @@ class RayRolloutPool:
         return final
 
 
+def combine_tracer_metrics(per_worker: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The workers' tracer counters added up (rates such as ``*_per_trajectory`` averaged):
+    the driver's ``tracer/...`` step metrics for all workers together."""
+    values: dict[str, list[float]] = {}
+    for m in per_worker:
+        for key, v in m.items():
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if key.startswith("tracer/") and number:
+                values.setdefault(key, []).append(float(v))
+    return {k: sum(v) / len(v) if "_per_" in k else sum(v) for k, v in values.items()}
+
+
 def cmd_run_ray(
     args: Any, config: dict[str, Any], trace: dict[str, Any], browse_hint: Callable[[], None]
 ) -> int:
     """``rollout-tracer run`` with ``agent.num_workers > 0`` (called from rollout/cli.py after
-    the driver's ``tracer.init`` validated the trace config and reached the backend)."""
+    the driver's ``tracer.init`` validated the trace config and reached the backend, and
+    ``trainer.logger`` started ``args.tracking``: the driver logs every step's metrics)."""
     from tqdm import tqdm
 
     import tracer
 
     tracer.shutdown()  # the driver traces nothing: each actor runs its own tracer
+    tracking = getattr(args, "tracking", None)
     k = num_workers(config)
     uri = str(trace.get("tracking_uri") or "")
     backends = trace.get("backend")
@@ -291,24 +305,36 @@ def cmd_run_ray(
     t0 = time.perf_counter()
     print(f"starting {k} Ray rollout workers ({rollout['name']} engine for "
           f"{config['actor_rollout_ref']['model']['path']})")  # fmt: skip
-    pool = RayRolloutPool(config, trace, k)
+    pool: RayRolloutPool | None = None
     bar = tqdm(total=total, desc="trajectories", unit="traj", disable=args.no_progress)
 
     def on_step(result: StepResult) -> None:
+        assert pool is not None
         m = result.metrics()
-        durable = all(pool.flushed.get(result.step, [False]))
         bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
-        tqdm.write(f"step {result.step}: " + ", ".join(f"{n}={v:.2f}" for n, v in m.items())
-                   + f"; traces durable: {durable}")  # fmt: skip
+        durable = all(pool.flushed.get(result.step, [False]))
+        if tracking is not None:  # console line and trackers (trainer.logger), all workers
+            tracking.log_step(result, combine_tracer_metrics(pool.metrics()))
+        if not durable:
+            tqdm.write(f"step {result.step}: traces not yet durable on every worker (spooled)")
 
+    final: list[dict[str, Any]] = []
+    failed = True
     try:
+        pool = RayRolloutPool(config, trace, k)
         pool.run(steps, on_done=lambda _: bar.update(1), on_step=on_step)
+        failed = False
     finally:
         bar.close()
-        final = pool.shutdown()
-    print(f"done: {total} trajectories in {time.perf_counter() - t0:.1f} s on {k} workers")
+        if pool is not None:
+            final = pool.shutdown()
+        if tracking is not None:
+            tracking.finish(failed=failed)
+    stats = combine_tracer_metrics(final)
+    print(f"done: {total} trajectories in {time.perf_counter() - t0:.1f} s on {k} workers; "
+          f"tracer (all workers): {stats}")  # fmt: skip
     for m in final:
-        print(f"  {m.get('worker_id', '?')}: "
-              + ", ".join(f"{n}={v}" for n, v in m.items() if n.startswith("tracer/")))  # fmt: skip
+        exported = {n: v for n, v in m.items() if n.endswith("/exported")}
+        print(f"  {m.get('worker_id', '?')}: {exported}")
     browse_hint()
     return 0

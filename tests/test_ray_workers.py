@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from rollout.config import load_config, trace_config
-from rollout.ray_workers import num_workers, ray_init_kwargs, split_by_prompt
+from rollout.ray_workers import (
+    combine_tracer_metrics,
+    num_workers,
+    ray_init_kwargs,
+    split_by_prompt,
+)
 from rollout.worker import iterate_batches, load_dataset
 from tests._servers import start_mlflow_server
 from tests.conftest import search_traces
@@ -40,6 +45,15 @@ def test_config_keys_default_to_in_process() -> None:
     assert ray_init_kwargs(config) == {"address": "auto"}
     with pytest.raises(ValueError, match="num_workers"):
         num_workers(load_config(["actor_rollout_ref.rollout.agent.num_workers=-1"]))
+
+
+def test_tracer_metrics_of_all_workers_add_up() -> None:
+    rate = "tracer/hot_path_us_per_trajectory"
+    per_worker = [
+        {"worker_id": "worker-0@h:1", "tracer/mlflow/exported": 4, rate: 10.0},
+        {"worker_id": "worker-1@h:2", "tracer/mlflow/exported": 6, rate: 30.0},
+    ]
+    assert combine_tracer_metrics(per_worker) == {"tracer/mlflow/exported": 10.0, rate: 20.0}
 
 
 @pytest.mark.slow
