@@ -2,7 +2,9 @@
 
 chat template (with tool schemas) -> engine.generate -> parse tool calls -> run tools
 concurrently -> append tool responses -> ... until no tool call, the turn limit or the
-response-length limit. Records the response mask (1 = model token, 0 = tool/template token).
+response-length limit. With an interaction configured (``rollout/interaction.py``), a turn
+without tool calls is judged and, when wrong, answered with a user feedback message, and the
+model tries again. Records the response mask (1 = model token, 0 = tool/user/template token).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.engines.base import Engine, GenerateOutput, SamplingParams
+from rollout.interaction import make_interaction
 from rollout.parser import ParseResult, ToolCall, parse_tool_calls
 from rollout.rewards import compute_reward
 from rollout.tools import ToolRegistry, ToolResult
@@ -48,13 +51,15 @@ class AgentLoopConfig:
     max_tool_response_length: int = 512  # characters of one tool response
     tool_response_truncate_side: str = "right"
     use_tools: bool = True
+    # multi_turn.interaction: {name: gsm8k_feedback | null, max_user_turns: 2}; None: off
+    interaction: dict[str, Any] | None = None
 
 
 @dataclass
 class Turn:
     """One segment of the response: an assistant generation or a block of tool responses."""
 
-    role: str  # "assistant" | "tool"
+    role: str  # "assistant" | "tool" | "user" (interaction feedback)
     token_ids: list[int]
     finish_reason: str | None = None  # assistant turns: "stop" | "length"
     text: str = ""
@@ -75,6 +80,8 @@ class AgentLoopOutput:
     finish_reason: str  # "stop" | "length" | "max_turns"
     tool_calls: int = 0
     tool_errors: int = 0
+    num_user_turns: int = 0  # interaction feedback turns appended
+    turn_rewards: list[float] = field(default_factory=list)  # interaction score per judged turn
     reward: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -94,6 +101,7 @@ class ToolAgentLoop:
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self._template_has_tools = "tools" in template
         self._eos_text = self._eos_token_text()
+        self.interaction = make_interaction(self.config.interaction)
 
     # ---------------------------------------------------------------- templating
     def _eos_token_text(self) -> str:
@@ -130,7 +138,8 @@ class ToolAgentLoop:
         self, tool_messages: list[dict[str, Any]], ended_with_eos: bool
     ) -> list[int]:
         """Template tokens that follow an assistant turn: its end-of-turn remainder, the tool
-        responses, and the next assistant generation prompt (verl's incremental encoding)."""
+        responses (or user messages), and the next assistant generation prompt (verl's
+        incremental encoding)."""
         base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                 {"role": "assistant", "content": "A"}]  # fmt: skip
         before = self.render(base, add_generation_prompt=False)
@@ -175,6 +184,14 @@ class ToolAgentLoop:
                 result.content = result.content[:limit] + cut
         return result
 
+    @trace_op(kind="other", name="interaction")
+    async def interact(self, messages: list[dict[str, Any]], ground_truth: Any) -> dict[str, Any]:
+        """The interaction's reply to the last assistant turn: ``should_terminate``,
+        ``content`` (the user message), ``reward`` and ``metadata``."""
+        assert self.interaction is not None
+        reply = await self.interaction.generate_response(messages, ground_truth)
+        return reply.to_dict()
+
     # ---------------------------------------------------------------- the loop
     @trace_op(kind="trajectory")
     async def run(
@@ -198,7 +215,9 @@ class ToolAgentLoop:
         mask: list[int] = []
         logprobs: list[float] | None = [] if sampling.logprobs else None
         turns: list[Turn] = []
-        n_assistant = n_calls = n_errors = 0
+        n_assistant = n_calls = n_errors = n_user = 0
+        turn_rewards: list[float] = []
+        interacts = self.interaction is not None and ground_truth is not None
         finish = "stop"
         while True:
             remaining = cfg.response_length - len(response)
@@ -221,11 +240,41 @@ class ToolAgentLoop:
             if parsed.tool_calls:
                 msg["tool_calls"] = [c.to_message_dict() for c in parsed.tool_calls]
             messages.append(msg)
-            if out["finish_reason"] == "length":
+            truncated = out["finish_reason"] == "length"
+            if truncated and not interacts:
                 finish = "length"
                 break
-            if not parsed.tool_calls or not self.tool_schemas:
-                break
+            ended_with_eos = bool(ids) and self.tokenizer.decode(ids[-1:]) == self._eos_text
+            if truncated or not parsed.tool_calls or not self.tool_schemas:
+                if not interacts:
+                    break
+                # the interaction judges every final-answer turn (tool calls take precedence);
+                # a wrong answer gets feedback while the turn and length limits allow
+                assert self.interaction is not None
+                reply = await self.interact(messages, ground_truth)
+                if reply["reward"] is not None:
+                    turn_rewards.append(float(reply["reward"]))
+                finish = "length" if truncated else "stop"
+                if reply["should_terminate"]:
+                    break
+                if n_assistant >= cfg.max_assistant_turns or (
+                    n_user >= self.interaction.max_user_turns
+                ):
+                    finish = "length" if truncated else "max_turns"
+                    break
+                user_msgs = [{"role": "user", "content": reply["content"]}]
+                delta = self.tool_response_ids(user_msgs, ended_with_eos)
+                if len(response) + len(delta) >= cfg.response_length:
+                    finish = "length"
+                    break
+                messages.extend(user_msgs)
+                n_user += 1
+                response += delta
+                mask += [0] * len(delta)
+                if logprobs is not None:
+                    logprobs += [0.0] * len(delta)
+                turns.append(Turn("user", delta, None, reply["content"]))
+                continue
             if n_assistant >= cfg.max_assistant_turns:
                 finish = "max_turns"
                 break
@@ -234,7 +283,6 @@ class ToolAgentLoop:
             n_errors += sum(not r.ok for r in results)
             tool_msgs = [{"role": "tool", "name": r.name, "content": r.content} for r in results]
             messages.extend(tool_msgs)
-            ended_with_eos = bool(ids) and self.tokenizer.decode(ids[-1:]) == self._eos_text
             delta = self.tool_response_ids(tool_msgs, ended_with_eos)
             if len(response) + len(delta) >= cfg.response_length:
                 finish = "length"
@@ -248,7 +296,7 @@ class ToolAgentLoop:
             request_id=request_id, prompt_ids=prompt_ids, response_ids=response,
             response_mask=mask, response_logprobs=logprobs, messages=messages, turns=turns,
             num_assistant_turns=n_assistant, finish_reason=finish, tool_calls=n_calls,
-            tool_errors=n_errors,
+            tool_errors=n_errors, num_user_turns=n_user, turn_rewards=turn_rewards,
         )  # fmt: skip
         if ground_truth is not None:
             assistant_texts = [t.text for t in turns if t.role == "assistant"]

@@ -90,6 +90,7 @@ class RolloutWorker:
             max_tool_response_length=int(multi.get("max_tool_response_length", 512)),
             tool_response_truncate_side=multi.get("tool_response_truncate_side", "right"),
             use_tools=enable,
+            interaction=multi.get("interaction") if enable else None,
         )
         tools = default_tools(multi.get("tools")) if enable else None
         self.agent = ToolAgentLoop(engine, tools, self.loop_config)

@@ -160,3 +160,108 @@ def test_worker_runs_grpo_groups_with_policy_version(mlflow_uri: str) -> None:
     for t in step2:
         groups.setdefault(t.info.tags["sample_index"], set()).add(t.info.tags["rollout_n"])
     assert len(groups) == 3 and all(v == {"0", "1"} for v in groups.values())
+
+
+FEEDBACK = {"name": "gsm8k_feedback", "max_user_turns": 2}
+
+
+def test_interaction_feedback_turn_in_mlflow(mlflow_uri: str, smollm2_tokenizer: Any) -> None:
+    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP, token2text=True,
+                experiment_name="interaction", raise_internal_errors=True)  # fmt: skip
+    script = {"apples": ["3 bags of 4 is 12.\n#### 12", f"Let me check.\n{CALL.format('3*4+2')}",
+                         "So the total is 14.\n#### 14"]}  # fmt: skip
+    config = AgentLoopConfig(response_length=512, interaction=FEEDBACK)
+    loop = ToolAgentLoop(ScriptedEngine(smollm2_tokenizer, script), default_tools(), config)
+
+    async def main() -> Any:
+        with tracer.trace_attr(step=3, sample_index=1, rollout_n=0):
+            return await loop.run(messages("3 bags of 4 apples and 2 more?"),
+                                  SamplingParams(max_tokens=64), ground_truth=14)  # fmt: skip
+
+    out = asyncio.run(main())
+    # wrong answer -> feedback (user turn) -> tool call -> tool -> right answer -> stop
+    assert out.finish_reason == "stop" and out.num_assistant_turns == 3
+    assert (out.num_user_turns, out.tool_calls, out.turn_rewards) == (1, 1, [0.0, 1.0])
+    assert [m["role"] for m in out.messages] == [
+        "system", "user", "assistant", "user", "assistant", "tool", "assistant"]  # fmt: skip
+    feedback = out.messages[3]["content"]
+    assert feedback.startswith("Your answer 12 is incorrect.") and "#### <number>" in feedback
+    assert '"name": "calculator"' in feedback
+    assert out.reward["score"] == pytest.approx(1.1)
+    assert out.reward["turn_scores"] == [0.0, 0.0, 1.0]
+    # response mask: 1 exactly on the assistant turns; the feedback and tool turns are 0
+    assert [t.role for t in out.turns] == ["assistant", "user", "assistant", "tool", "assistant"]
+    assert out.response_mask == [int(t.role == "assistant") for t in out.turns
+                                 for _ in t.token_ids]  # fmt: skip
+    assert out.response_ids == [i for t in out.turns for i in t.token_ids]
+    user = smollm2_tokenizer.decode(out.turns[1].token_ids)
+    assert user == f"\n<|im_start|>user\n{feedback}<|im_end|>\n<|im_start|>assistant\n"
+    text = smollm2_tokenizer.decode(out.prompt_ids + out.response_ids)
+    assert f"#### 12<|im_end|>\n<|im_start|>user\n{feedback}<|im_end|>\n" in text
+    assert text.endswith("So the total is 14.\n#### 14<|im_end|>")
+    assert tracer.flush(60)
+
+    [trace] = search_traces(mlflow_uri, EXP, "tags.step = '3'")
+    spans = trace.data.spans
+    run = next(s for s in spans if s.name == "run")
+    children = sorted((s for s in spans if s.parent_id == run.span_id),
+                      key=lambda s: s.start_time_ns)  # fmt: skip
+    assert [s.name for s in children] == [
+        "generate", "parse", "interaction", "generate", "parse", "call_tool",
+        "generate", "parse", "interaction", "reward"]  # fmt: skip
+    first, second = (s for s in children if s.name == "interaction")
+    assert first.span_type == "UNKNOWN"
+    assert first.inputs["ground_truth"] == 14 and len(first.inputs["messages"]) == 3
+    assert first.outputs["reward"] == 0.0 and first.outputs["should_terminate"] is False
+    assert first.outputs["content"] == feedback
+    assert second.outputs["reward"] == 1.0 and second.outputs["should_terminate"] is True
+    gens = [s for s in children if s.name == "generate"]
+    assert [len(g.inputs["messages"]) for g in gens] == [2, 4, 6]
+    assert f"<|im_start|>user\n{feedback}<|im_end|>" in gens[1].inputs["prompt_text"]
+    reward = next(s for s in spans if s.name == "reward")
+    assert reward.outputs["score"] == pytest.approx(1.1)
+
+
+def test_interaction_limits_and_config(smollm2_tokenizer: Any) -> None:
+    wrong = ScriptedEngine(smollm2_tokenizer, lambda prompt, i: f"Attempt {i}.\n#### 7")
+
+    def run(config: AgentLoopConfig, truth: Any = 14) -> Any:
+        loop = ToolAgentLoop(wrong, default_tools(), config)
+        return asyncio.run(loop.run(messages("q"), SamplingParams(max_tokens=64), truth))
+
+    out = run(AgentLoopConfig(max_assistant_turns=5, response_length=1024, interaction=FEEDBACK))
+    assert (out.num_assistant_turns, out.num_user_turns) == (3, 2)
+    assert out.finish_reason == "max_turns" and out.turn_rewards == [0.0, 0.0, 0.0]
+    out = run(AgentLoopConfig(max_assistant_turns=2, response_length=1024, interaction=FEEDBACK))
+    assert (out.num_assistant_turns, out.num_user_turns, out.finish_reason) == (2, 1, "max_turns")
+    out = run(AgentLoopConfig(response_length=60, interaction=FEEDBACK))  # feedback would not fit
+    assert (out.num_assistant_turns, out.finish_reason) == (1, "length")
+    assert len(out.response_ids) < 60 and out.response_mask[-1] == 1
+    for off in (AgentLoopConfig(interaction={"name": None}), AgentLoopConfig()):
+        out = run(off)
+        assert (out.num_assistant_turns, out.turn_rewards, out.finish_reason) == (1, [], "stop")
+    out = run(AgentLoopConfig(interaction=FEEDBACK), truth=None)  # nothing to judge against
+    assert out.num_assistant_turns == 1 and out.turn_rewards == []
+    # a length-truncated turn is judged too, and the model gets another try
+    loop_config = AgentLoopConfig(response_length=1024, interaction=FEEDBACK)
+    short = ToolAgentLoop(wrong, default_tools(), loop_config)
+    cut = asyncio.run(short.run(messages("q"), SamplingParams(max_tokens=3), 14))
+    assert cut.turns[0].finish_reason == "length" and cut.num_user_turns == 2
+    assert cut.finish_reason == "length"
+    text = smollm2_tokenizer.decode(cut.prompt_ids + cut.response_ids)
+    assert "<|im_end|>\n<|im_start|>user\nI could not find a final answer." in text
+
+    with pytest.raises(ValueError, match="valid: gsm8k_feedback, null"):
+        ToolAgentLoop(wrong, None, AgentLoopConfig(interaction={"name": "x"}))
+    with pytest.raises(ValueError, match="valid: gsm8k_feedback, null"):
+        load_config(["actor_rollout_ref.rollout.multi_turn.interaction.name=gsm8k"])
+    with pytest.raises(ValueError, match="max_user_turns must be an int"):
+        load_config(["actor_rollout_ref.rollout.multi_turn.interaction.max_user_turns=-1"])
+    config = load_config(["actor_rollout_ref.rollout.multi_turn.interaction.max_user_turns=2"])
+    assert config["actor_rollout_ref"]["rollout"]["multi_turn"]["interaction"] == FEEDBACK
+    worker = RolloutWorker(config, wrong)
+    assert worker.agent.interaction is not None and worker.agent.interaction.max_user_turns == 2
+    out = asyncio.run(worker.run_sample(1, {"index": 0, "question": "q", "answer": 14}, 0))
+    assert (out.num_assistant_turns, out.num_user_turns, out.turn_rewards) == (3, 2, [0.0] * 3)
+    config = load_config(["actor_rollout_ref.rollout.multi_turn.interaction.name=null"])
+    assert RolloutWorker(config, wrong).agent.interaction is None

@@ -81,10 +81,11 @@ def test_generate_does_not_block_the_event_loop(tiny_engine: Any) -> None:
 def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
     config = load_config([
         "trainer.total_steps=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.response_length=64",
         "actor_rollout_ref.rollout.max_tokens_per_turn=32",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
     ])  # fmt: skip
+    # the default config's gsm8k_feedback interaction makes SmolLM2's trajectories multi-turn
+    assert config["actor_rollout_ref"]["rollout"]["multi_turn"]["interaction"]["name"]
     tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="hf-e2e",
                 token2text=True, raise_internal_errors=True)  # fmt: skip
     start = time.perf_counter()
@@ -103,6 +104,12 @@ def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
         assert out.reward is not None and out.num_assistant_turns >= 1
         assert len(out.response_logprobs) == len(out.response_ids) == len(out.response_mask)
         assert out.turns[0].finish_reason in ("stop", "length")
+        # wrong answers get feedback (a user turn, mask 0) and another try; right ones stop
+        assert out.response_mask == [int(t.role == "assistant") for t in out.turns
+                                     for _ in t.token_ids]  # fmt: skip
+        if out.num_user_turns:
+            assert out.num_assistant_turns > out.num_user_turns and 0.0 in out.turn_rewards
+    assert any(out.num_user_turns >= 1 for out in result.outputs)
     assert max(engine.batch_sizes) >= 2  # the group's samples shared batches
     assert tracer.flush(60)
     traces = search_traces(mlflow_uri, "hf-e2e", "tags.step = '1'")
@@ -112,6 +119,15 @@ def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
         assert gens and gens[0].outputs["response_text"]
         assert gens[0].inputs["prompt_text"].startswith("<|im_start|>system\n")
         assert any(s.name == "reward" for s in trace.data.spans)
+    multi = [t for t in traces if len([s for s in t.data.spans if s.name == "generate"]) >= 2]
+    assert multi, "no multi-turn trajectory was traced"
+    for trace in multi:
+        spans = sorted(trace.data.spans, key=lambda s: s.start_time_ns)
+        names = [s.name for s in spans if s.name in ("generate", "parse", "interaction")]
+        assert names[:4] == ["generate", "parse", "interaction", "generate"]
+        feedback = next(s for s in spans if s.name == "interaction").outputs["content"]
+        gens = [s for s in spans if s.name == "generate"]
+        assert f"<|im_start|>user\n{feedback}<|im_end|>" in gens[1].inputs["prompt_text"]
 
 
 class _FirstTurnToolCall:
