@@ -64,56 +64,27 @@ def test_tracer_metrics_of_all_workers_add_up() -> None:
 def test_two_ray_workers_trace_sampled_groups_into_one_server(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("transformers")
-    import ray
-
-    from rollout.ray_workers import RayRolloutPool
-
     limit, n, batch_size, steps = 2, 2, 6, 3
     root = tmp_path / "server"
     root.mkdir()
     server = start_mlflow_server(root)
-    config = load_config([
-        "actor_rollout_ref.rollout.name=scripted",
-        f"actor_rollout_ref.rollout.n={n}",
-        f"data.train_batch_size={batch_size}",
-        f"trainer.total_steps={steps}",
-        f"trainer.project_name={EXP}",
-        "actor_rollout_ref.rollout.agent.num_workers=2",
-        f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
-        f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
-    ])  # fmt: skip
-    trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
-             "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
-    pool: Any = None
-    t0 = time.perf_counter()
     try:
-        # A new small local cluster (address="local": never a cluster `ray start`ed on this
-        # machine); PYTHONPATH lets the workers import the checkout even uninstalled.
-        ray.init(address="local", num_cpus=2, include_dashboard=False,
-                 object_store_memory=150 * 1024**2,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-        # the scripted engine waits a little per call, so every trajectory of a step starts
-        # before the first one ends and sampling keeps exactly the lowest hashes
-        pool = RayRolloutPool(config, trace, engine_kwargs={"script": SCRIPT, "delay_s": 0.02})
-        assert len(pool.worker_ids) == 2 and len(set(pool.worker_ids)) == 2
-        results = pool.run(steps)
-        assert [len(r.outputs) for r in results] == [batch_size * n] * steps
-        assert all(o.tool_calls == 1 and o.reward for r in results for o in r.outputs)
-        # the driver waited for every worker's traces of every step to be durable
-        assert pool.flushed == {s: [True, True] for s in range(1, steps + 1)}
-        for m in pool.metrics():
-            assert m["tracer/mlflow/exported"] == limit * n * steps, m
-            assert m["tracer/mlflow/failed"] == 0 and m["tracer/dropped_buffer_full"] == 0
-        worker_ids = list(pool.worker_ids)
-    finally:
-        try:
-            if pool is not None:
-                pool.shutdown()
-        finally:
-            ray.shutdown()
-    elapsed = time.perf_counter() - t0
+        config = load_config([
+            "actor_rollout_ref.rollout.name=scripted",
+            f"actor_rollout_ref.rollout.n={n}",
+            f"data.train_batch_size={batch_size}",
+            f"trainer.total_steps={steps}",
+            f"trainer.project_name={EXP}",
+            "actor_rollout_ref.rollout.agent.num_workers=2",
+            f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
+            f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
+        ])  # fmt: skip
+        trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
+                 "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
+        t0 = time.perf_counter()
+        worker_ids = _run_pool(config, trace, steps, expect_exported=limit * n * steps)
+        elapsed = time.perf_counter() - t0
 
-    try:
         # expected: per step, worker i ran half of the batch (whole prompts) and kept the
         # `limit` prompts with the lowest sampling hash, each with all its n samples
         data = config["data"]
@@ -141,3 +112,41 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(tmp_path: Path) ->
         print(f"ray workers: {len(got)} traces in {elapsed:.1f} s (cluster start to shutdown)")
     finally:
         server.stop()
+
+
+def _run_pool(
+    config: dict[str, Any], trace: dict[str, Any], steps: int, expect_exported: int
+) -> list[str]:
+    """Run ``steps`` steps on 2 Ray actors in a fresh small local cluster; the worker ids."""
+    import ray
+
+    from rollout.ray_workers import RayRolloutPool
+
+    pool: Any = None
+    try:
+        # A new small local cluster (address="local": never a cluster `ray start`ed on this
+        # machine); PYTHONPATH lets the workers import the checkout even uninstalled.
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 object_store_memory=150 * 1024**2,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
+        # the scripted engine waits a little per call, so every trajectory of a step starts
+        # before the first one ends and sampling keeps exactly the lowest hashes
+        pool = RayRolloutPool(config, trace, engine_kwargs={"script": SCRIPT, "delay_s": 0.02})
+        assert len(pool.worker_ids) == 2 and len(set(pool.worker_ids)) == 2
+        results = pool.run(steps)
+        batch = int(config["data"]["train_batch_size"])
+        n = int(config["actor_rollout_ref"]["rollout"]["n"])
+        assert [len(r.outputs) for r in results] == [batch * n] * steps
+        assert all(o.tool_calls == 1 and o.reward for r in results for o in r.outputs)
+        # the driver waited for every worker's traces of every step to be durable
+        assert pool.flushed == {s: [True, True] for s in range(1, steps + 1)}
+        for m in pool.metrics():
+            assert m["tracer/mlflow/exported"] == expect_exported, m
+            assert m["tracer/mlflow/failed"] == 0 and m["tracer/dropped_buffer_full"] == 0
+        return list(pool.worker_ids)
+    finally:
+        try:
+            if pool is not None:
+                pool.shutdown()
+        finally:
+            ray.shutdown()
