@@ -197,6 +197,7 @@ class RayRolloutPool:
     ) -> StepResult:
         """Run ``step`` over ``batch``: whole prompts (GRPO groups) per worker; the outputs
         come back in batch order. ``on_done`` is called per trajectory as workers finish."""
+        t0 = time.perf_counter()
         chunks = split_by_prompt(batch, len(self.workers))
         refs = [w.run_step.remote(step, c) for w, c in zip(self.workers, chunks, strict=True)]
         if on_done is not None:
@@ -206,7 +207,8 @@ class RayRolloutPool:
                 for out in self.ray.get(done[0]):
                     on_done(out)
         parts: list[list[AgentLoopOutput]] = self.ray.get(refs)
-        return StepResult(step, [out for part in parts for out in part])
+        outs = [out for part in parts for out in part]
+        return StepResult(step, outs, elapsed_s=time.perf_counter() - t0)  # flush not included
 
     def flush(self, step: int, timeout_s: float = 60.0) -> list[bool]:
         """Every worker flushes its tracer; all True: the traces of ``step`` are durable."""
