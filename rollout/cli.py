@@ -106,12 +106,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _print_browse_hint(trace: dict[str, Any], names: list[str]) -> None:
     if "mlflow" in names:
         uri = trace["tracking_uri"]
+        project = trace.get("project_name")
         print("browse the traces:")
-        print(f"  mlflow ui --backend-store-uri {uri}")
-        print("  (or: rollout-tracer ui)")
-        print(f"  MLflow experiment: {trace.get('project_name')}; filter e.g. tags.step = '1' "
+        if uri.startswith(("http://", "https://")):
+            print(f"  open {uri} (experiment {project!r}, Traces tab)")
+        else:
+            print(f"  rollout-tracer ui --tracking-uri {uri}")
+            print(f"  (or: mlflow ui --backend-store-uri {uri} --workers 1)")
+        print(f"  MLflow experiment: {project}; filter e.g. tags.step = '1' "
               f"and tags.experiment_name = '{trace.get('experiment_name')}'")  # fmt: skip
-        print("export them: rollout-tracer export --help")
+        print("export and report:")
+        print(f"  rollout-tracer export --from mlflow --tracking-uri {uri} "
+              f"--experiment {project} --out exports/ --format parquet")  # fmt: skip
+        print(f"  rollout-tracer report --from mlflow --tracking-uri {uri} "
+              f"--experiment {project} --out report.html")  # fmt: skip
     elif "jsonl" in names:
         print(f"traces written as JSONL (jsonl_path={trace.get('jsonl_path') or './traces/'})")
 
