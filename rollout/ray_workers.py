@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rollout.agent_loop import AgentLoopOutput
-from rollout.worker import StepResult, iterate_batches, load_dataset
+from rollout.worker import StepResult, config_batches
 
 log = logging.getLogger("rollout")
 
@@ -229,12 +229,7 @@ class RayRolloutPool:
     ) -> list[StepResult]:
         """``total_steps`` steps over the configured dataset (the same batches as the
         in-process worker), flushing every worker at the end of each step."""
-        data = self.config["data"]
-        rows = load_dataset(data["train_files"])
-        batches = iterate_batches(
-            rows, int(data["train_batch_size"]), int(data.get("seed", 0)),
-            bool(data.get("shuffle", True)),
-        )  # fmt: skip
+        batches = config_batches(self.config)
         results = []
         for step in range(1, total_steps + 1):
             result = self.run_step(step, next(batches), on_done)

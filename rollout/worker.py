@@ -52,6 +52,15 @@ def iterate_batches(
         epoch += 1
 
 
+def config_batches(config: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    """The step batches the ``data`` section of a config describes (shared by every runner)."""
+    data = config["data"]
+    return iterate_batches(
+        load_dataset(data["train_files"]), int(data["train_batch_size"]),
+        int(data.get("seed", 0)), bool(data.get("shuffle", True)),
+    )  # fmt: skip
+
+
 @dataclass
 class StepResult:
     """All trajectories of one step and their summary metrics."""
@@ -150,12 +159,7 @@ class RolloutWorker:
         on_step: Callable[[StepResult], None] | None = None,
     ) -> list[StepResult]:
         """Run ``total_steps`` steps over the configured dataset (steps count from 1)."""
-        data = self.config["data"]
-        rows = load_dataset(data["train_files"])
-        batches = iterate_batches(
-            rows, int(data["train_batch_size"]), int(data.get("seed", 0)),
-            bool(data.get("shuffle", True)),
-        )  # fmt: skip
+        batches = config_batches(self.config)
         results = []
         for step in range(1, total_steps + 1):
             result = await self.run_step(step, next(batches), on_done)
