@@ -178,7 +178,7 @@ class Pipeline:
                 else:
                     w.mark(seq)
             with self.progress:
-                self.processed_seq = seq
+                self.processed_seq = max(self.processed_seq, seq)
                 self.progress.notify_all()
 
     # control --------------------------------------------------------------------------
