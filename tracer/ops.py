@@ -38,8 +38,8 @@ class _Span:
         "tokenizer",
     )
 
-    def __init__(self, name: str, kind: str, parent_id: str | None, inputs: Any) -> None:
-        self.span_id = f"{random.getrandbits(64):016x}"
+    def __init__(self, name: str, kind: str, parent_id: int | None, inputs: Any) -> None:
+        self.span_id = random.getrandbits(64) or 1  # formatted as hex off the hot path
         self.parent_id = parent_id
         self.name = name
         self.kind = kind
@@ -105,7 +105,7 @@ class _Frame:
 
     __slots__ = ("span_id", "traj")
 
-    def __init__(self, traj: Trajectory | None, span_id: str | None) -> None:
+    def __init__(self, traj: Trajectory | None, span_id: int | None) -> None:
         self.traj = traj
         self.span_id = span_id
 
@@ -212,14 +212,17 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
     tracer = traj.tracer
     max_items = tracer.config.max_list_items
     try:
-        if op.fast_names is not None and len(args) <= len(op.fast_names):
-            bound = dict(zip(op.fast_names, args, strict=False))
-            if kwargs:
-                bound.update(kwargs)
+        names = op.fast_names
+        if names is not None and len(args) <= len(names):
+            # common case: positional-or-keyword parameters, no signature binding needed
+            start = 1 if op.is_method else 0
+            inputs, nbytes = snapshot_args(names[start : len(args)], args[start:], kwargs,
+                                           max_items)
         else:
-            bound = dict(op.signature.bind_partial(*args, **kwargs).arguments)
-        names = tuple(k for k in bound if k not in op.skip)
-        inputs, nbytes = snapshot_args(names, bound, max_items)
+            bound = op.signature.bind_partial(*args, **kwargs).arguments
+            for skipped in op.skip:
+                bound.pop(skipped, None)
+            inputs, nbytes = snapshot_args((), (), bound, max_items)
     except Exception as exc:  # arguments that do not bind: record, never fail the call
         inputs, nbytes = {"__bind_error__": f"{type(exc).__name__}: {exc}"}, 64
     span = _Span(op.name, op.kind, frame.span_id, inputs)

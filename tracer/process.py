@@ -50,8 +50,8 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
             attrs.setdefault("tool_name", _tool_name(span))
         spans.append(
             SpanRecord(
-                span_id=span.span_id,
-                parent_id=span.parent_id,
+                span_id=f"{span.span_id:016x}",
+                parent_id=f"{span.parent_id:016x}" if span.parent_id is not None else None,
                 name=span.name,
                 kind=span.kind,
                 start_ns=span.start_ns,

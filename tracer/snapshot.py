@@ -63,17 +63,27 @@ def snapshot(value: Any, max_items: int = 20_000) -> tuple[Any, int]:
         return _unsnappable(value, exc), budget.nbytes
 
 
-def snapshot_args(
-    names: tuple[str, ...], values: dict[str, Any], max_items: int
-) -> tuple[dict[str, Any], int]:
+def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[str, Any],
+                  max_items: int) -> tuple[dict[str, Any], int]:
+    """Snapshot positional ``values`` under ``names``, then ``kwargs``; never raises."""
     budget = _Budget(max_items)
     out: dict[str, Any] = {}
-    for name in names:
-        try:
-            out[name] = _snap(values[name], budget, 0)
-        except Exception as exc:
-            out[name] = _unsnappable(values[name], exc)
+    for name, value in zip(names, values, strict=False):
+        out[name] = _snap_safe(value, budget)
+    for name, value in kwargs.items():
+        out[name] = _snap_safe(value, budget)
     return out, budget.nbytes
+
+
+def _snap_safe(value: Any, budget: _Budget) -> Any:
+    t = type(value)
+    if t is str:  # the most common argument: shared, only counted
+        budget.nbytes += len(value)
+        return value
+    try:
+        return _snap(value, budget, 0)
+    except Exception as exc:
+        return _unsnappable(value, exc)
 
 
 def _unsnappable(value: Any, exc: Exception) -> ObjectSnapshot:
