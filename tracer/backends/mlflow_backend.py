@@ -14,15 +14,21 @@ pinned in pyproject.toml and tests exercise them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tracer.backends.base import ExportResult
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; concurrent first opens are not serialized
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("tracer")
 
@@ -45,17 +51,20 @@ class MlflowExporter:
 
     def __init__(self, config: TraceConfig) -> None:
         import mlflow  # noqa: F401  (ImportError -> "pip install rollout-tracer[mlflow]")
+        from mlflow.tracing.client import TracingClient
         from mlflow.tracking import MlflowClient
 
         self.config = config
         self.tracking_uri = resolve_tracking_uri(config)
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        self.experiment_id = self._experiment_id(config.project_name)
-        from mlflow.tracing.client import TracingClient
-
-        self.tracing = TracingClient(self.tracking_uri)
+        # Opening a sqlite store runs MLflow's schema migrations: two processes doing that at
+        # once break the file ("table _alembic_tmp_... already exists"). Serialize it.
+        with _sqlite_init_lock(self.tracking_uri):
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            self.experiment_id = self._experiment_id(config.project_name)
+            self.tracing = TracingClient(self.tracking_uri)
         self.is_server = self.tracking_uri.startswith(("http://", "https://"))
         self._attempted: set[str] = set()  # trace ids this exporter tried to reward
+        self._warned_locked = False
         self.destination = f"{self.tracking_uri}#{self.experiment_id}"  # names the spool
 
     def _experiment_id(self, name: str) -> str:
@@ -75,7 +84,19 @@ class MlflowExporter:
         if self.is_server:
             self._post_spans(spans)
         else:
-            self.tracing.log_spans(self.experiment_id, spans)
+            try:
+                self.tracing.log_spans(self.experiment_id, spans)
+            except Exception as exc:
+                if "locked" in str(exc).lower() and not self._warned_locked:
+                    self._warned_locked = True
+                    log.warning(
+                        "rollout-tracer: the sqlite store %s is locked by another process; "
+                        "batches are retried and spooled, so nothing is lost, but several "
+                        "writers on one sqlite file are slow. For several processes or "
+                        "nodes run a tracking server (mlflow server --backend-store-uri %s "
+                        "--workers 1) and set tracking_uri=http://HOST:5000.",
+                        self.tracking_uri, self.tracking_uri)
+                raise
         self._log_rewards(batch)
         if self.config.mlflow_run_id:
             self._link_to_run([mlflow_trace_id(r.trace_id) for r in batch])
@@ -178,6 +199,22 @@ class MlflowExporter:
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         return None
+
+
+@contextlib.contextmanager
+def _sqlite_init_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock beside a sqlite store's file while this process opens it."""
+    if not uri.startswith("sqlite:///") or fcntl is None:
+        yield
+        return
+    path = uri[len("sqlite:///"):]
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    with open(f"{path}.rollout-tracer.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def mlflow_trace_id(trace_id: str) -> str:
