@@ -4,6 +4,7 @@ Registered in :mod:`rollout.cli`; the work is done by :mod:`tracer.readers`.
 
     rollout-tracer export --from mlflow --tracking-uri sqlite:///mlflow.db --experiment gsm8k \\
         --steps 1:10 --out exports/gsm8k
+    rollout-tracer export --from weave --entity my-team --experiment gsm8k --out exports/gsm8k
     rollout-tracer report --from mlflow --experiment gsm8k --out report.html
 """
 
@@ -20,7 +21,10 @@ def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
                    "else sqlite:///./mlflow.db)")  # fmt: skip
     p.add_argument("--path", help="the JSONL file (--from jsonl) or export folder (parquet)")
-    p.add_argument("--experiment", help="MLflow experiment (the tracer's project_name)")
+    p.add_argument("--experiment", help="MLflow experiment or Weave project ([entity/]name): "
+                   "the tracer's project_name")  # fmt: skip
+    p.add_argument("--entity", help="W&B entity of the Weave project (default: $WANDB_ENTITY, "
+                   "else the account's default entity)")  # fmt: skip
     steps = p.add_mutually_exclusive_group()
     steps.add_argument("--step", type=int, help="only this step")
     steps.add_argument("--steps", help="steps FIRST:LAST (inclusive) or a list 1,4,7")
@@ -62,6 +66,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             experiment=args.experiment,
             tracking_uri=args.tracking_uri,
             path=args.path,
+            entity=args.entity,
             steps=parse_steps(args.step, args.steps),
             validate=args.validate,
             page_size=args.page_size,
@@ -90,6 +95,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             experiment=args.experiment,
             tracking_uri=args.tracking_uri,
             path=args.path,
+            entity=args.entity,
             steps=parse_steps(args.step, args.steps),
             validate=args.validate,
         )

@@ -221,10 +221,45 @@ class InProcessWeaveServer:
             return out
 
     def calls_query_stream(self, req: Any) -> Iterator[Any]:
+        """Like the real server: the project's calls matching ``filter`` (``call_ids``,
+        ``trace_ids``, ``parent_ids``, ``trace_roots_only``), ordered by ``sort_by`` (else start
+        order), then ``offset`` / ``limit``; ``columns`` keeps those fields plus the ones always
+        returned. ``query`` expressions are not implemented (an error, not a silent no-op)."""
         from weave.vendor.weave_server_sdk.types.call_read_response import Call
 
-        for call in self.calls():
-            yield Call.model_validate({k: v for k, v in call.items() if k in Call.model_fields})
+        if req.get("query"):
+            raise NotImplementedError("InProcessWeaveServer: calls query expressions")
+        flt = req.get("filter") or {}
+        calls = [
+            Call.model_validate({k: v for k, v in call.items() if k in Call.model_fields})
+            for call in self.calls()
+            if call["project_id"] == req["project_id"]
+        ]
+        for key, field in (("call_ids", "id"), ("trace_ids", "trace_id"),
+                           ("parent_ids", "parent_id")):  # fmt: skip
+            if flt.get(key) is not None:
+                wanted = set(flt[key])
+                calls = [c for c in calls if getattr(c, field) in wanted]
+        if flt.get("trace_roots_only"):
+            calls = [c for c in calls if c.parent_id is None]
+        for sort in reversed(req.get("sort_by") or []):  # stable sorts: last key first
+            field = sort["field"]
+            calls.sort(key=lambda c: (getattr(c, field) is None, getattr(c, field) or 0),
+                       reverse=sort["direction"] == "desc")  # fmt: skip
+        offset = req.get("offset") or 0
+        limit = req.get("limit")
+        calls = calls[offset : None if limit is None else offset + limit]
+        columns = req.get("columns")
+        for call in calls:
+            if columns:
+                keep = {"id", "project_id", "trace_id", "op_name", "started_at"}
+                keep |= {c.split(".", 1)[0] for c in columns}
+                fields = call.model_dump()
+                call = Call.model_validate(
+                    {k: v if k in keep else ({} if k in ("inputs", "attributes") else None)
+                     for k, v in fields.items()}
+                )  # fmt: skip
+            yield call
 
     def calls_query_stats(self, req: Any) -> Any:
         from weave.vendor.weave_server_sdk.types import CallQueryStatsResponse

@@ -1,4 +1,4 @@
-"""Readers: stored trajectories (MLflow, JSONL) back as tables, Parquet files and an HTML report.
+"""Readers: stored trajectories (MLflow, JSONL, Weave) back as tables, Parquet and an HTML report.
 
 They depend only on what a backend stored, never on the tracing hot path. pandas, pyarrow and
 mlflow are imported when a function runs, not when this package is imported.
@@ -24,7 +24,14 @@ from tracer.readers.export import (
 from tracer.readers.report import build_report, write_report
 from tracer.readers.rows import Rows, record_rows, records_rows
 from tracer.readers.schema import TABLES, arrow_schema
-from tracer.readers.sources import SOURCES, Selection, iter_records, mlflow_to_record, parse_steps
+from tracer.readers.sources import (
+    SOURCES,
+    Selection,
+    iter_records,
+    mlflow_to_record,
+    parse_steps,
+    weave_to_record,
+)
 
 __all__ = [
     "FORMATS",
@@ -45,5 +52,6 @@ __all__ = [
     "read_tables",
     "record_rows",
     "records_rows",
+    "weave_to_record",
     "write_report",
 ]

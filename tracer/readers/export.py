@@ -4,6 +4,7 @@ DataFrames.
     from tracer.readers import export, read_tables
 
     export("mlflow", out="runs/exp1", experiment="gsm8k", tracking_uri="sqlite:///mlflow.db")
+    export("weave", out="runs/exp1", experiment="gsm8k", entity="my-team")
     tables = read_tables("jsonl", path="traces/gsm8k/default.jsonl", steps=[1, 2])
     tables.trajectories.groupby("step").reward.mean()
 """
@@ -125,17 +126,20 @@ def export(
     experiment: str | None = None,
     tracking_uri: str | None = None,
     path: str | None = None,
+    entity: str | None = None,
     steps: Sequence[int] | None = None,
     validate: bool | None = None,
     page_size: int = 500,
     on_page: Callable[[int], None] | None = None,
 ) -> ExportSummary:
-    """Export trajectories stored by a backend (``mlflow``, ``jsonl``) to three tables."""
+    """Export trajectories stored by a backend (``mlflow``, ``jsonl``, ``weave``) to three
+    tables. ``entity`` is the W&B entity of a Weave project (default ``$WANDB_ENTITY``)."""
     pages = iter_records(
         source,
         experiment=experiment,
         tracking_uri=tracking_uri,
         path=path,
+        entity=entity,
         selection=Selection(steps, validate),
         page_size=page_size,
     )
@@ -153,6 +157,7 @@ def read_tables(
     experiment: str | None = None,
     tracking_uri: str | None = None,
     path: str | None = None,
+    entity: str | None = None,
     steps: Sequence[int] | None = None,
     validate: bool | None = None,
 ) -> Tables:
@@ -167,6 +172,7 @@ def read_tables(
         experiment=experiment,
         tracking_uri=tracking_uri,
         path=path,
+        entity=entity,
         selection=Selection(steps, validate),
     ):
         rows.extend(records_rows(page))

@@ -16,7 +16,7 @@ Column = tuple[str, str, str]
 
 TRAJECTORIES: list[Column] = [
     ("trace_id", "string", "32 hex chars; the MLflow trace is `tr-<trace_id>`"),
-    ("experiment", "string", "MLflow experiment (the tracer's project_name)"),
+    ("experiment", "string", "MLflow experiment / Weave project (the tracer's project_name)"),
     ("experiment_name", "string", "the trainer's experiment_name tag"),
     ("name", "string", "root span name (`trace_attr(name=...)`)"),
     ("step", "int64", "training step; null if not set"),
