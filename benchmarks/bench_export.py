@@ -3,7 +3,7 @@ with wall time and peak memory (RSS high-water mark and Python allocations).
 
     python benchmarks/bench_export.py [--n 10000] [--mlflow-n 2000]
 
-Writes benchmarks/RESULTS-export.md. Each measurement runs in its own process so peak RSS is
+Writes --output (default benchmarks/RESULTS-export.md; `python -m benchmarks.run` puts it in RESULTS.md as section 5). Each measurement runs in its own process so peak RSS is
 that export's own.
 """
 
@@ -73,6 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--mlflow-n", type=int, default=2_000)
+    ap.add_argument("--output", default=str(ROOT / "benchmarks" / "RESULTS-export.md"))
     ap.add_argument("--child", nargs=2, metavar=("SOURCE", "TMP"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -101,7 +102,7 @@ def main() -> None:
             f"| {r['source']} | {r['trajectories']} | {r['pages']} | {r['wall_s']} | "
             f"{r['peak_python_mb']} | {r['peak_rss_mb']} | {r['parquet_mb']} |"
         )
-    (ROOT / "benchmarks" / "RESULTS-export.md").write_text("\n".join(lines) + "\n")
+    Path(args.output).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ SECTIONS = {
     "e2e": 900,
     "throughput": 1200,
     "memory": 300,
+    "export": 900,  # benchmarks/bench_export.py, appended as section 5
 }
 
 
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         # One empty, migrated MLflow store, copied by every section (migrations take seconds).
         mlflow_store(tmp, "template-source.db")
         for name in names:
+            if name == "export":
+                continue  # its own script, run by _export_section after the others
             print(f"[benchmarks] {name} ...", file=sys.stderr, flush=True)
             args = ["--quick"] if a.quick else []
             results[name] = run_section(name, args, SECTIONS[name])
@@ -61,11 +64,34 @@ def main(argv: list[str] | None = None) -> int:
     results["total_s"] = round(time.perf_counter() - t0, 1)
     out = Path(a.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(results))
+    text = render(results)
+    if "export" in names:
+        text += _export_section(a.quick)
+    out.write_text(text)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
     print(f"[benchmarks] wrote {out} in {results['total_s']} s", file=sys.stderr)
     return 0
+
+
+def _export_section(quick: bool) -> str:
+    """Section 5: export to Parquet (time and peak memory), from bench_export.py."""
+    import subprocess
+
+    n, mlflow_n = (1000, 100) if quick else (10_000, 2000)
+    print(f"[benchmarks] export ({n} from JSONL, {mlflow_n} from MLflow) ...", file=sys.stderr,
+          flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
+        md = Path(tmp) / "export.md"
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "bench_export.py"), "--n", str(n),
+             "--mlflow-n", str(mlflow_n), "--output", str(md)],
+            capture_output=True, text=True, cwd=ROOT, timeout=SECTIONS["export"],
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return f"\n## 5. Export to Parquet\n\nfailed: {proc.stderr[-1000:]}\n"
+        body = md.read_text().split("\n", 1)[1]  # drop its own title
+    return "\n## 5. Export to Parquet (`rollout-tracer export`)\n" + body
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ SECTIONS = (
     "## 2. End to end",
     "## 3. Rollout throughput",
     "## 4. Peak memory",
+    "## 5. Export to Parquet",
 )
 
 
@@ -68,5 +69,7 @@ def test_quick_benchmarks_write_every_section(tmp_path: Path) -> None:
     mem = _section(text, "## 4. Peak memory")
     assert re.search(r"peak RSS \| [\d.]+ MiB", mem)
     assert re.search(r"held \(buffer \+ backend queue\) / dropped \| \d+ / \d+", mem)
+    export = _section(text, "## 5. Export to Parquet")
+    assert re.search(r"\| jsonl \| 1000 \| \d+ \| [\d.]+ \|", export), export
     targets = _section(text, "## Targets")
     assert targets.count("| **") >= 5  # each target: met, MISSED or n/a
