@@ -3,7 +3,8 @@ with wall time and peak memory (RSS high-water mark and Python allocations).
 
     python benchmarks/bench_export.py [--n 10000] [--mlflow-n 2000]
 
-Writes --output (default benchmarks/RESULTS-export.md; `python -m benchmarks.run` puts it in RESULTS.md as section 5). Each measurement runs in its own process so peak RSS is
+Writes --output (default benchmarks/RESULTS-export.md); `python -m benchmarks.run` puts it
+into RESULTS.md as section 5. Each measurement runs in its own process so peak RSS is
 that export's own.
 """
 
