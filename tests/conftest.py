@@ -61,3 +61,20 @@ def search_traces(uri: str, experiment: str, filter_string: str | None = None) -
         token = page.token
         if not token:
             return out
+
+
+@pytest.fixture
+def weave_server() -> Iterator[Any]:
+    """weave's real client talks to this in-process stand-in for the Weave cloud (which cannot
+    be reached from here); it implements weave's trace-server interface and keeps what it got."""
+    pytest.importorskip("weave")
+    from tests._servers import InProcessWeaveServer
+    from tracer.backends import weave_backend
+
+    server = InProcessWeaveServer()
+    weave_backend.set_server_factory(lambda config: server)
+    try:
+        yield server
+    finally:
+        weave_backend.set_server_factory(None)
+        tracer.reset()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,17 +19,6 @@ from tests._servers import InProcessWeaveServer
 weave = pytest.importorskip("weave")
 
 from tracer.backends import weave_backend  # noqa: E402
-
-
-@pytest.fixture
-def weave_server() -> Iterator[InProcessWeaveServer]:
-    server = InProcessWeaveServer()
-    weave_backend.set_server_factory(lambda config: server)
-    try:
-        yield server
-    finally:
-        weave_backend.set_server_factory(None)
-        tracer.reset()
 
 
 @tracer.trace_op(kind="generate")

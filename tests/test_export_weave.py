@@ -23,7 +23,6 @@ weave = pytest.importorskip("weave")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from rollout.cli import main  # noqa: E402
-from tracer.backends import weave_backend  # noqa: E402
 from tracer.readers import TABLES, export, read_tables, sources  # noqa: E402
 
 PROJECT = "export-weave"
@@ -31,14 +30,8 @@ ENTITY = "team"
 
 
 @pytest.fixture
-def server() -> Iterator[InProcessWeaveServer]:
-    server = InProcessWeaveServer()
-    weave_backend.set_server_factory(lambda config: server)
-    try:
-        yield server
-    finally:
-        weave_backend.set_server_factory(None)
-        tracer.reset()
+def server(weave_server: InProcessWeaveServer) -> InProcessWeaveServer:
+    return weave_server
 
 
 @pytest.fixture

@@ -56,21 +56,10 @@ def _otlp_memory() -> Any:
     return memory
 
 
-def _weave_server() -> Any:
-    """weave's real client over the in-process stand-in for the Weave cloud (unreachable
-    here); the server keeps every call it received."""
-    pytest.importorskip("weave")
-    from tests._servers import InProcessWeaveServer
-    from tracer.backends import weave_backend
-
-    server = InProcessWeaveServer()
-    weave_backend.set_server_factory(lambda config: server)
-    return server
-
-
 @pytest.mark.parametrize("backend", ["mlflow", "jsonl", "otlp", "weave"])
 def test_every_pattern_is_redacted_in_backend_output(
-    backend: str, tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+    backend: str, tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ):
     env_secret = "s3cr3t-value-from-the-env"
     monkeypatch.setenv("MY_SERVICE_TOKEN", env_secret)
@@ -79,7 +68,7 @@ def test_every_pattern_is_redacted_in_backend_output(
     if backend == "otlp":
         sink, backend = _otlp_memory(), "otlp-memory"
     elif backend == "weave":
-        sink = _weave_server()
+        sink = request.getfixturevalue("weave_server")
     tracer.init(
         weave_entity="team",
         backend=backend,
@@ -100,10 +89,7 @@ def test_every_pattern_is_redacted_in_backend_output(
         stored = json.dumps(spans, ensure_ascii=False)
         assert "call_api" in json.dumps([s.name for s in sink.get_finished_spans()])
     elif backend == "weave":
-        from tracer.backends import weave_backend
-
         tracer.reset()  # the weave client sends from its own threads: finish them
-        weave_backend.set_server_factory(None)
         stored = json.dumps(sink.calls(), ensure_ascii=False, default=str)
         assert "call_api" in stored  # the spans did arrive
     else:
