@@ -364,7 +364,7 @@ def test_ui_command_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert proc.returncode == 0, rest
         assert "mlflow server stopped" in rest
         stopped = time.monotonic() - t1
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded 2-core machine reaps slowly
         while _pids_listening_cmdline(f"--port {port}") and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _pids_listening_cmdline(f"--port {port}"), "server processes left behind"
