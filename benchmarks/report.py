@@ -239,10 +239,4 @@ def render(r: dict[str, Any]) -> str:
         lines += _throughput(r["throughput"])
     if "memory" in r:
         lines += _memory(r["memory"])
-    lines += [
-        "## Not measured",
-        "",
-        "- Export of 10,000 trajectories to Parquet: `rollout-tracer export` does not exist yet.",
-        "",
-    ]
     return "\n".join(lines)

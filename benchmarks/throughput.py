@@ -33,6 +33,9 @@ MODES = {
     "off": None,
     "on_100pct": {"max_samples_per_step_per_worker": None},
     "sampled_n4": {"max_samples_per_step_per_worker": 4},
+    # the same 100 % sampling with MLflow's export work in a child process (off the GIL)
+    "on_100pct_subprocess": {"max_samples_per_step_per_worker": None,
+                             "export_in_subprocess": True},
 }
 
 

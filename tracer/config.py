@@ -68,6 +68,9 @@ class TraceConfig:
     # mlflow: link every exported trace to this MLflow run (search_traces(run_id=...), the
     # run's Traces tab); the run must be in the experiment named project_name
     mlflow_run_id: str | None = None
+    # run each backend's export calls in a child process, off the rollout's GIL (opt-in:
+    # worth it when the rollout itself is Python-bound; costs a process per backend)
+    export_in_subprocess: bool = False
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
     on_backend_error: str = "raise"
     # raise tracer-internal errors instead of logging them (the project's own tests set it)

@@ -107,7 +107,15 @@ class _Once:
 
     def __call__(self) -> Any:
         exporter, self.exporter = self.exporter, None
-        return exporter if exporter is not None else create_exporter(self.name, self.config)
+        if exporter is None:
+            exporter = create_exporter(self.name, self.config)
+        if self.config.export_in_subprocess and getattr(exporter, "spoolable", True):
+            from tracer.backends.subprocess_proxy import SubprocessExporter
+
+            destination = str(getattr(exporter, "destination", self.name))
+            exporter.shutdown()  # it proved the backend starts; the child makes its own
+            return SubprocessExporter(self.name, self.config, destination)
+        return exporter
 
 
 _lock = threading.Lock()
