@@ -9,6 +9,10 @@ Schema version 1; changes to these fields bump :data:`SCHEMA_VERSION`.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,3 +103,48 @@ class TrajectoryRecord:
         data = dict(data)
         spans = [SpanRecord(**s) for s in data.pop("spans", [])]
         return cls(**data, spans=spans)
+
+
+def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[TrajectoryRecord]:
+    """Yield every trajectory of a JSON-lines file (the ``jsonl`` backend's files and the spool's
+    batch files), in file order, streaming.
+
+    A partial last line (a writer interrupted mid-line) is skipped with a warning, and so is a
+    fragment a crashed writer left before later appends (``strict=True`` raises
+    ``ValueError`` naming the line instead). A line from a newer schema version than this
+    tracer knows always raises rather than being misread.
+
+    Example::
+
+        for record in read_jsonl("traces/gsm8k/grpo.jsonl"):
+            print(record.step, record.sample_index, record.reward)
+    """
+    log = logging.getLogger("tracer")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):  # the text after the last newline
+                if raw.strip():
+                    log.warning("rollout-tracer: %s ends with a partial line; skipped", path)
+                break
+            if not raw.strip():
+                continue
+            try:
+                data = json.loads(raw)
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                if strict:
+                    raise ValueError(
+                        f"{path}:{lineno}: not a JSON trajectory record: {exc}"
+                    ) from exc
+                log.warning(
+                    "rollout-tracer: %s:%d is not a whole record (%s); skipped", path, lineno, exc
+                )
+                continue
+            version = data.get("schema_version", 1)
+            if not isinstance(version, int) or version > SCHEMA_VERSION:
+                raise ValueError(
+                    f"{path}:{lineno}: schema_version {version!r} is newer than this tracer's "
+                    f"({SCHEMA_VERSION}); upgrade rollout-tracer to read it"
+                )
+            yield TrajectoryRecord.from_dict(data)

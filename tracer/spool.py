@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tracer.record import TrajectoryRecord
+from tracer.record import TrajectoryRecord, read_jsonl
 
 DESTINATION_FILE = "destination.json"
 
@@ -50,8 +50,9 @@ def pid_alive(pid: int) -> bool:
 class BackendSpool:
     """The spool folder of one backend destination. Thread-safe."""
 
-    def __init__(self, root: str, backend: str, destination: str, config: Any,
-                 max_bytes: int) -> None:
+    def __init__(
+        self, root: str, backend: str, destination: str, config: Any, max_bytes: int
+    ) -> None:
         digest = hashlib.sha1(f"{backend}|{destination}".encode()).hexdigest()[:12]
         self.dir = Path(root) / f"{backend}-{digest}"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -60,8 +61,11 @@ class BackendSpool:
         self._counter = 0
         meta = self.dir / DESTINATION_FILE
         if not meta.exists():
-            payload = {"backend": backend, "destination": destination,
-                       "config": _config_dict(config)}
+            payload = {
+                "backend": backend,
+                "destination": destination,
+                "config": _config_dict(config),
+            }
             tmp = meta.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(payload, indent=1, default=str))
             os.replace(tmp, meta)
@@ -124,17 +128,8 @@ class BackendSpool:
 
 
 def read_batch(path: Path) -> list[TrajectoryRecord]:
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(TrajectoryRecord.from_dict(json.loads(line)))
-            except (ValueError, TypeError):
-                continue  # a torn line from a crash mid-write: skip it, keep the rest
-    return records
+    """One spool batch (a torn line from a crash mid-write is skipped, the rest kept)."""
+    return list(read_jsonl(path))
 
 
 def spool_folders(root: str) -> list[tuple[Path, dict[str, Any]]]:

@@ -37,13 +37,14 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from tracer.backends.base import ExportResult
 from tracer.config import TraceConfig
-from tracer.record import SCHEMA_VERSION, TrajectoryRecord
+from tracer.record import TrajectoryRecord, read_jsonl
+
+__all__ = ["JsonlExporter", "default_jsonl_path", "read_jsonl"]
 
 log = logging.getLogger("tracer")
 
@@ -95,45 +96,3 @@ def _last_byte(f: Any) -> bytes:
     last: bytes = f.read(1)
     f.seek(0, os.SEEK_END)
     return last
-
-
-def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[TrajectoryRecord]:
-    """Yield every trajectory in a JSONL trace file, in file order.
-
-    A partial last line (a writer interrupted mid-line) is skipped with a warning, and so is a
-    fragment a crashed writer left before later appends (``strict=True`` raises
-    ``ValueError`` naming the line instead). A line from a newer schema version than this
-    tracer knows always raises rather than being misread.
-
-    Example::
-
-        for record in read_jsonl("traces/gsm8k/grpo.jsonl"):
-            print(record.step, record.sample_index, record.reward)
-    """
-    with Path(path).open("rb") as f:
-        lines = f.read().split(b"\n")
-    # the text after the last newline is empty for a complete file, else a partial line
-    complete, tail = lines[:-1], lines[-1]
-    if tail.strip():
-        log.warning("rollout-tracer: %s ends with a partial line; skipped", path)
-    for lineno, raw in enumerate(complete, start=1):
-        if not raw.strip():
-            continue
-        try:
-            data = json.loads(raw)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            if strict:
-                raise ValueError(f"{path}:{lineno}: not a JSON trajectory record: {exc}") from exc
-            log.warning(
-                "rollout-tracer: %s:%d is not a whole record (%s); skipped", path, lineno, exc
-            )
-            continue
-        version = data.get("schema_version", 1)
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise ValueError(
-                f"{path}:{lineno}: schema_version {version!r} is newer than this tracer's "
-                f"({SCHEMA_VERSION}); upgrade rollout-tracer to read it"
-            )
-        yield TrajectoryRecord.from_dict(data)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracer.record import KINDS, SpanRecord, TrajectoryRecord
+from tracer.record import KINDS, SpanRecord, TrajectoryRecord, read_jsonl
 
 PAGE_SIZE = 500  # an MLflow server caps max_results at 500
 SOURCES = ("mlflow", "jsonl", "weave")
@@ -64,23 +64,15 @@ def iter_jsonl(
     ``experiment`` keeps records whose project_name or experiment_name equals it."""
     selection = selection or Selection()
     page: list[TrajectoryRecord] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                record = TrajectoryRecord.from_dict(json.loads(line))
-            except (ValueError, TypeError):
-                continue
-            if experiment and experiment not in (record.project_name, record.experiment_name):
-                continue
-            if not selection.keeps(record):
-                continue
-            page.append(record)
-            if len(page) >= page_size:
-                yield page
-                page = []
+    for record in read_jsonl(path):
+        if experiment and experiment not in (record.project_name, record.experiment_name):
+            continue
+        if not selection.keeps(record):
+            continue
+        page.append(record)
+        if len(page) >= page_size:
+            yield page
+            page = []
     if page:
         yield page
 
