@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 
 def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
@@ -54,24 +55,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export trajectories to Parquet (or JSONL) tables with a progress bar."""
     from tqdm import tqdm
 
-    from tracer.readers import export, parse_steps
+    from tracer.readers import export
 
     t0 = time.perf_counter()
     bar = tqdm(desc="exporting", unit="traj", disable=args.no_progress)
     try:
-        summary = export(
-            args.source,
-            args.out,
-            fmt=args.format,
-            experiment=args.experiment,
-            tracking_uri=args.tracking_uri,
-            path=args.path,
-            entity=args.entity,
-            steps=parse_steps(args.step, args.steps),
-            validate=args.validate,
-            page_size=args.page_size,
-            on_page=bar.update,
-        )
+        summary = export(args.source, args.out, fmt=args.format, page_size=args.page_size,
+                         on_page=bar.update, **_source_kwargs(args))
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         bar.close()
         print(f"rollout-tracer export: error: {exc}", file=sys.stderr)
@@ -84,21 +74,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Where to read and what to keep: the options export and report share."""
+    from tracer.readers import parse_steps
+
+    return {
+        "experiment": args.experiment,
+        "tracking_uri": args.tracking_uri,
+        "path": args.path,
+        "entity": args.entity,
+        "steps": parse_steps(args.step, args.steps),
+        "validate": args.validate,
+    }
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the self-contained HTML report."""
-    from tracer.readers import parse_steps, read_tables, write_report
+    from tracer.readers import read_tables, write_report
 
     t0 = time.perf_counter()
     try:
-        tables = read_tables(
-            args.source,
-            experiment=args.experiment,
-            tracking_uri=args.tracking_uri,
-            path=args.path,
-            entity=args.entity,
-            steps=parse_steps(args.step, args.steps),
-            validate=args.validate,
-        )
+        tables = read_tables(args.source, **_source_kwargs(args))
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         print(f"rollout-tracer report: error: {exc}", file=sys.stderr)
         return 2
