@@ -87,7 +87,6 @@ class Pipeline:
         self.hot_trajectories = 0
         self.processor: threading.Thread | None = None
         self.closed = False
-        self.pid = os.getpid()
 
     def _after_fork(self) -> None:
         # The parent exports what was buffered before the fork; the child starts empty, with
