@@ -65,8 +65,9 @@ def test_otlp_down_others_get_everything(
             with tracer.trace_attr(step=step, sample_index=i, rollout_n=0):
                 generate([{"role": "user", "content": "2+2?"}])
                 compute_reward(call_tool("calc", {"expr": "2+2"}))
-        # False while OTLP batches are still waiting (spooled) for the collector
-        tracer.flush(timeout_s=60)
+        # False while OTLP batches are still waiting (spooled) for the collector: flush probes
+        # the dead collector until its timeout, then says so
+        assert tracer.flush(timeout_s=3) is False
     elapsed = time.monotonic() - started
     assert elapsed < 30, f"fan-out with a dead OTLP endpoint took {elapsed:.1f}s"
 

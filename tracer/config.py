@@ -47,7 +47,10 @@ class TraceConfig:
     flush_interval_s: float = 1.0
     export_batch_size: int = 256
     export_max_retries: int = 3
-    export_timeout_s: float = 30.0
+    export_timeout_s: float = 30.0  # the default flush() timeout; also per HTTP call
+    # shutdown (and interpreter exit) waits at most this long for a backend; what is left
+    # stays in the spool and one line says how to export it later
+    shutdown_timeout_s: float = 10.0
     # spool: the write-ahead log that outlives backend outages and crashes (tracer/spool.py)
     spool: bool = True
     spool_dir: str | None = None  # default: ./.rollout-tracer/spool

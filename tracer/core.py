@@ -76,19 +76,21 @@ class Tracer:
         try:
             pipeline.submit(traj)
         except Exception as exc:  # never let the tracer break the rollout
-            pipeline.errors.report("submitting a trajectory", exc)
+            pipeline.errors.report("submitting a trajectory", exc)  # raises only in tests
 
     # control
     def flush(self, timeout_s: float | None = None) -> bool:
         if self.pipeline is None:
             return True
-        return bool(self.pipeline.flush(timeout_s or self.config.export_timeout_s))
+        return bool(self.pipeline.flush(
+            self.config.export_timeout_s if timeout_s is None else timeout_s))
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         self.active = False
         if self.pipeline is None:
             return True
-        ok = bool(self.pipeline.shutdown(timeout_s or self.config.export_timeout_s))
+        ok = bool(self.pipeline.shutdown(
+            self.config.shutdown_timeout_s if timeout_s is None else timeout_s))
         self.pipeline = None
         return ok
 

@@ -1,8 +1,24 @@
-"""One export worker per backend: a bounded queue of batches, a thread, retries with backoff,
-and the backend's spool (see ``tracer.spool``). Used by ``tracer.pipeline``."""
+"""One export worker per backend: its batches oldest first, a thread, retries with backoff, the
+backend's spool (``tracer.spool``), and counters that reconcile. Used by ``tracer.pipeline``.
+
+Every batch goes to the backend's spool file before it is queued, when the spool can take it;
+when it cannot (disk full, read-only, over ``max_spool_bytes``), the batch is kept in memory
+and exported from there, and the failure is counted. A trajectory is lost only when neither
+memory nor the spool can hold it, and then it is counted by reason.
+
+A backend that still fails after retries is marked down: its batches wait (on disk, or in
+memory within the bound) and the oldest one probes it every ``replay_interval_s``, more often
+while someone waits in ``flush``. When a probe works, everything waiting is exported in order
+(orphans of dead processes included), each once: any batch that may have reached the backend
+before is sent with ``replay=True`` so the backend checks before adding.
+
+The loop cannot die: every iteration is guarded, and a batch being exported stays at the head
+of the line until it is settled, so an unexpected error retries it rather than losing it.
+"""
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import threading
@@ -11,59 +27,57 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
+from tracer.errors import InternalErrors, log_every
 from tracer.record import TrajectoryRecord
-from tracer.spool import BackendSpool, read_batch
+from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tracer.config import TraceConfig
 
 log = logging.getLogger("tracer")
 
+ORPHAN_SCAN_INTERVAL_S = 30.0
+FLUSH_PROBE_INTERVAL_S = 0.25  # how often a down backend is probed while flush() waits
 
-class InternalErrors:
-    """Logs each distinct tracer-internal failure once (then every 100th), or raises in tests."""
-
-    def __init__(self, raise_errors: bool) -> None:
-        self.raise_errors = raise_errors
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def report(self, where: str, exc: BaseException) -> None:
-        key = f"{where}: {type(exc).__name__}"
-        self.counts[key] += 1
-        n = self.counts[key]
-        if n == 1 or n % 100 == 0:
-            log.warning(
-                "rollout-tracer: %s failed (%s: %s); the rollout keeps running [%d times]",
-                where,
-                type(exc).__name__,
-                exc,
-                n,
-                exc_info=n == 1,
-            )
-        if self.raise_errors:
-            raise exc
+# Reasons a trajectory can be lost, as they appear in metrics (``tracer/<backend>/dropped/...``).
+DROP_REASONS = (
+    "buffer_full",  # the hot buffer was full and the spool could not take the overflow
+    "spool_full",  # the backend was behind, memory full, and the spool over max_spool_bytes
+    "spool_error",  # the same, but the spool's file system refused the write
+    "spool_lost",  # a spool file vanished or became unreadable before it was exported
+    "rejected_by_backend",  # the backend refused the batch for good (ExportResult.REJECTED)
+    "after_shutdown",  # finished after shutdown()
+    "unexported_at_exit",  # only in memory when the tracer shut down with the backend down
+    "build_error",  # the record could not be built (an internal error, logged)
+    "evicted_by_sampling",  # displaced by a sample with a lower hash (not a loss: by design)
+)
 
 
 class _Batch:
-    __slots__ = ("n", "path", "records", "seq")
+    __slots__ = ("attempted", "key", "n", "nbytes", "own", "path", "records", "seq")
 
     def __init__(
-        self, seq: int, records: list[TrajectoryRecord] | None, path: Path | None, n: int
+        self,
+        seq: int | None,
+        records: list[TrajectoryRecord] | None,
+        path: Path | None,
+        n: int,
+        nbytes: int,
     ) -> None:
-        self.seq = seq
-        self.records = records  # None once spilled: the batch lives only in its spool file
+        self.seq = seq  # lowest sequence number of its trajectories; None for an orphan
+        self.own = seq is not None
+        self.records = records  # None when it lives only in its spool file
         self.path = path
         self.n = n
+        self.nbytes = nbytes
+        self.attempted = False  # sent once already: may be (partly) stored, replay with care
+        self.key = batch_sort_key(path) if path is not None else (time.time_ns(), "")
 
 
 class ExportWorker:
-    """One backend: a bounded queue of batches, a thread, retries with backoff, and a spool.
-
-    Every batch is in the backend's spool file before it is queued. When the backend fails
-    (after retries) it is marked down: batches then stay in the spool without further tries
-    until a probe every ``replay_interval_s`` succeeds, and then all of them are replayed in
-    order. Orphaned spool files of dead processes are replayed too.
-    """
+    """One backend's batches, thread, retries and spool; see the module docstring."""
 
     def __init__(
         self,
@@ -77,206 +91,316 @@ class ExportWorker:
         self.config = config
         self.errors = errors
         self.spool = spool
-        self.queue: collections.deque[_Batch] = collections.deque()
-        self.pending: collections.deque[Path] = collections.deque()  # spooled, not exported
         self.cond = threading.Condition()
-        self.held = 0  # records held in memory by the queue
-        self.done_seq = 0  # every batch with seq <= done_seq is exported or spooled
+        self.todo: list[_Batch] = []  # everything not exported yet, oldest first
+        self.held = 0  # trajectories whose records are in memory
+        self.held_bytes = 0
         self.down = False
-        self.replay_round = 0  # incremented after each replay attempt (flush waits on it)
-        self.replay_requested = False
-        self.exported = 0
-        self.replayed = 0
-        self.failed = 0  # lost: could not be exported nor spooled
-        self.dropped = 0
-        self.retries = 0
+        self.next_probe = 0.0
+        self.flush_until = 0.0  # while a flush waits, probe a down backend more often
+        self.inflight_since = 0.0  # monotonic start of the export call in progress, or 0
+        self.last_probe = 0.0
         self.thread: threading.Thread | None = None
         self.stopping = False
-        self._last_orphan_scan = 0.0
+        # a spool may hold batches of dead processes: look at once, then every 30 s
+        self.next_orphan_scan = 0.0 if spool is not None else float("inf")
+        # counters
+        self.exported = 0  # own trajectories stored
+        self.replayed = 0  # trajectories stored by a replay (after a failure, or orphans)
+        self.orphans_replayed = 0  # of those, from other (dead) processes' spool files
+        self.retries = 0
+        self.spool_errors = 0
+        self.loop_errors = 0
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self.lost_seq = 0  # highest sequence number among own trajectories lost here
 
+    # producer side (processing thread, or the rollout's thread on overflow) ----------------
     def start(self) -> None:
         self.thread = threading.Thread(
             target=self._run, name=f"rollout-tracer-{self.name}", daemon=True
         )
         self.thread.start()
 
-    @property
-    def spooled(self) -> int:
-        return len(self.pending)
-
-    def put(self, seq: int, records: list[TrajectoryRecord], lines: list[str] | None) -> None:
-        path = self.spool.write(lines) if self.spool is not None and lines else None
-        if self.spool is not None and path is None:
-            log.warning(
-                "rollout-tracer: spool of %s is full (%d bytes); batch kept in memory only",
-                self.name,
-                self.spool.max_bytes,
-            )
-        with self.cond:
-            keep: list[TrajectoryRecord] | None = records
-            if self.held + len(records) > self.config.max_buffer_trajectories:
-                if path is None:
-                    self.dropped += len(records)
+    def put(
+        self, seq: int, records: list[TrajectoryRecord], lines: list[str] | None, nbytes: int
+    ) -> None:
+        """Take a batch: to the spool first (when it can), then in line for export."""
+        path, reason = None, "spool_full"
+        if self.spool is not None and lines:
+            try:
+                path = self.spool.write(lines)
+            except SpoolError as exc:
+                reason = "spool_error"
+                with self.cond:
+                    self.spool_errors += 1
+                    n = self.spool_errors
+                if log_every(n):
                     log.warning(
-                        "rollout-tracer: backend %s is behind and its spool is full or "
-                        "off; dropped %d trajectories (%d so far)",
-                        self.name,
-                        len(records),
-                        self.dropped,
-                    )
-                    if not self.queue:
-                        self.done_seq = max(self.done_seq, seq)
-                    self.cond.notify_all()
-                    return
-                keep = None  # spill: memory stays bounded, the spool file has it
+                        "rollout-tracer: cannot write the %s spool (%s); exporting from memory "
+                        "[%d spool errors]", self.name, exc, n)  # fmt: skip
+        n = len(records)
+        with self.cond:
+            batch = _Batch(seq, records, path, n, nbytes)
+            if not self._room(n, nbytes):
+                self._spill(n, nbytes)
+            if self._room(n, nbytes):
+                self.held += n
+                self.held_bytes += nbytes
+            elif path is not None:
+                batch.records = None  # memory stays bounded: the spool file has it
             else:
-                self.held += len(records)
-            self.queue.append(_Batch(seq, keep, path, len(records)))
+                self._drop(batch, reason if self.spool is not None else "buffer_full")
+                return
+            bisect.insort(self.todo, batch, key=lambda b: b.key)
             self.cond.notify_all()
 
-    def mark(self, seq: int) -> None:
-        """A processing round with nothing for this backend still advances its progress."""
-        with self.cond:
-            if not self.queue:
-                self.done_seq = max(self.done_seq, seq)
-                self.cond.notify_all()
+    def _room(self, n: int, nbytes: int) -> bool:
+        return (
+            self.held + n <= self.config.max_buffer_trajectories
+            and self.held_bytes + nbytes <= self.config.max_buffer_bytes
+        )
 
+    def _spill(self, n: int, nbytes: int) -> None:
+        """Make room by letting go of in-memory copies of batches that are on disk (newest
+        first: the oldest are exported next)."""
+        for b in reversed(self.todo):
+            if self._room(n, nbytes):
+                return
+            if b.records is not None and b.path is not None and b is not self._head_inflight():
+                b.records = None
+                self.held -= b.n
+                self.held_bytes -= b.nbytes
+
+    def _head_inflight(self) -> _Batch | None:
+        return self.todo[0] if self.todo and self.inflight_since else None
+
+    def _drop(self, batch: _Batch, reason: str) -> None:
+        """Count a batch as lost (caller holds ``cond``)."""
+        self.dropped[reason] += batch.n
+        if batch.own and batch.seq is not None:
+            self.lost_seq = max(self.lost_seq, batch.seq)
+        total = sum(self.dropped.values())
+        log.error(
+            "rollout-tracer: %d trajectories lost for %s (%s); %d lost so far",
+            batch.n, self.name, reason, total)  # fmt: skip
+        self.cond.notify_all()
+
+    # the worker thread ----------------------------------------------------------------
     def _run(self) -> None:
-        interval = self.config.replay_interval_s
         while True:
-            with self.cond:
-                while not self.queue and not self.stopping and not self.replay_requested:
-                    if not self.cond.wait(interval):
-                        break  # periodic: probe a down backend, look for orphans
-                if self.stopping and not self.queue:
+            try:
+                if not self._step():
                     return
-                batch = self.queue.popleft() if self.queue else None
-            if batch is not None:
-                self._handle(batch)
-            else:
-                self._replay()
+            except Exception as exc:
+                with self.cond:
+                    self.loop_errors += 1
+                    self.inflight_since = 0.0
+                self.errors.report(f"export worker {self.name}", exc, background=True)
+                time.sleep(0.05)  # never spin on a persistent error
 
-    def _handle(self, batch: _Batch) -> None:
-        ok = False
-        if not self.down:
-            records = batch.records
-            if records is None and batch.path is not None:
-                records = read_batch(batch.path)
-            ok = self._export(records or [], retries=self.config.export_max_retries)
-        if ok and batch.path is not None and self.spool is not None:
+    def _step(self) -> bool:
+        """One iteration: wait for work, export the oldest batch. False when stopped."""
+        if self.spool is not None and time.monotonic() >= self.next_orphan_scan:
+            self.next_orphan_scan = time.monotonic() + ORPHAN_SCAN_INTERVAL_S
+            self._adopt_orphans()
+        with self.cond:
+            while True:
+                if self.stopping:
+                    return False
+                now = time.monotonic()
+                if self.todo:
+                    if not self.down:
+                        break
+                    probe_at = self.next_probe
+                    if self.flush_until > now:
+                        probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
+                    if now >= probe_at:
+                        break
+                    self.cond.wait(min(probe_at - now, self.config.replay_interval_s))
+                else:
+                    self.cond.wait(min(self.config.replay_interval_s, max(
+                        0.01, self.next_orphan_scan - now)))  # fmt: skip
+                    if not self.todo and time.monotonic() >= self.next_orphan_scan:
+                        return True  # time for an orphan scan
+            batch = self.todo[0]
+            self.inflight_since = time.monotonic()
+        records = batch.records
+        if records is None:
+            try:
+                records = read_batch(batch.path) if batch.path is not None else []
+            except (OSError, ValueError) as exc:  # deleted, unreadable: the rest goes on
+                log.error("rollout-tracer: spool file %s is gone (%s)", batch.path, exc)
+                with self.cond:
+                    self.inflight_since = 0.0
+                    self._settle(batch)
+                    self._drop(batch, "spool_lost")
+                return True
+        replay = batch.attempted or not batch.own
+        batch.attempted = True
+        retries = 0 if (self.down or replay) else self.config.export_max_retries
+        result = self._export(records, retries, replay)
+        if result is not ExportResult.FAILURE and batch.path is not None and self.spool:
             self.spool.delete(batch.path)  # before flush() can see this batch as done
         with self.cond:
-            if batch.records is not None:
-                self.held -= batch.n
-            if ok:
+            self.inflight_since = 0.0
+            self.last_probe = time.monotonic()
+            if result is ExportResult.FAILURE:
+                if not self.down:
+                    where = self.spool.dir if self.spool is not None else "memory only"
+                    log.error(
+                        "rollout-tracer: backend %s failed %d times in a row; its batches "
+                        "wait (%s) and are sent again when it answers",
+                        self.name, retries + 1, where)  # fmt: skip
+                self.down = True
+                self.next_probe = self.last_probe + self.config.replay_interval_s
+                return True
+            if self.down:
+                log.warning("rollout-tracer: backend %s answers again; sending what waited",
+                            self.name)
+            self.down = False
+            self._settle(batch)
+            if result is ExportResult.REJECTED:
+                self._drop(batch, "rejected_by_backend")
+                return True
+            if batch.own:
                 self.exported += batch.n
-            elif batch.path is not None:
-                self.pending.append(batch.path)
             else:
-                self.failed += batch.n
-                log.error(
-                    "rollout-tracer: lost %d trajectories for %s (no spool)", batch.n, self.name
-                )
-            if not self.queue or self.queue[0].seq > batch.seq:
-                self.done_seq = max(self.done_seq, batch.seq)
+                self.orphans_replayed += batch.n
+            if replay:
+                self.replayed += batch.n
             self.cond.notify_all()
-        if ok and self.pending:
-            self._replay()  # it worked again: replay what waited in the spool
+        return True
 
-    def _replay(self) -> None:
-        """Probe with the oldest spooled batch; while that works, replay the rest in order."""
-        if self.spool is not None and time.monotonic() - self._last_orphan_scan > 30:
-            self._last_orphan_scan = time.monotonic()
-            for orphan in self.spool.orphans():
-                claimed = self.spool.claim(orphan)
-                if claimed is not None:
-                    with self.cond:
-                        self.pending.append(claimed)
-        while self.pending and not self.stopping:
-            path = self.pending[0]
-            records = read_batch(path) if path.exists() else []
-            if records and not self._export(records, retries=0, replay=True):
-                with self.cond:
-                    self.down = True
-                break
-            if self.spool is not None:
-                self.spool.delete(path)
+    def _settle(self, batch: _Batch) -> None:
+        """Take a batch off the line (caller holds ``cond``)."""
+        self.todo.remove(batch)
+        if batch.records is not None:
+            self.held -= batch.n
+            self.held_bytes -= batch.nbytes
+            batch.records = None
+
+    def _adopt_orphans(self) -> None:
+        assert self.spool is not None
+        for orphan in self.spool.orphans():
+            claimed = self.spool.claim(orphan)
+            if claimed is None:
+                continue
+            n = batch_size(claimed)
             with self.cond:
-                self.pending.popleft()
-                self.replayed += len(records)
-                self.down = False
-        with self.cond:
-            if not self.pending:
-                self.down = False
-            self.replay_requested = False
-            self.replay_round += 1
-            self.cond.notify_all()
+                bisect.insort(self.todo, _Batch(None, None, claimed, n, 0), key=lambda b: b.key)
+                self.cond.notify_all()
 
-    def _export(self, batch: list[TrajectoryRecord], retries: int, replay: bool = False) -> bool:
+    def _export(self, batch: Sequence[TrajectoryRecord], retries: int, replay: bool
+                ) -> ExportResult:  # fmt: skip
         delay = 0.25
         for attempt in range(retries + 1):
             try:
-                if replay and hasattr(self.exporter, "replaying"):
-                    # exporters that skip idempotency lookups on first export need to know
-                    self.exporter.replaying = True
-                    try:
-                        result = self.exporter.export(batch)
-                    finally:
-                        self.exporter.replaying = False
-                else:
-                    result = self.exporter.export(batch)
+                result = self._call(batch, replay)
             except Exception as exc:
                 result = ExportResult.FAILURE
                 key = f"export {self.name}"
                 self.errors.counts[key] += 1
-                if self.errors.counts[key] in (1, 10, 100, 1000):
+                if log_every(self.errors.counts[key]):
                     log.warning(
                         "rollout-tracer: export to %s raised %s: %s",
-                        self.name,
-                        type(exc).__name__,
-                        exc,
-                        exc_info=self.errors.counts[key] == 1,
-                    )
-            if result is ExportResult.SUCCESS:
-                return True
+                        self.name, type(exc).__name__, exc,
+                        exc_info=self.errors.counts[key] == 1)  # fmt: skip
+            if result is not ExportResult.FAILURE:
+                return result
+            replay = True  # it may have been stored in part
             if attempt < retries and not self.stopping:
                 self.retries += 1
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        if not self.down:
-            log.error(
-                "rollout-tracer: backend %s failed %d times in a row; its batches wait "
-                "in the spool (%s) and are replayed when it is back",
-                self.name,
-                retries + 1,
-                self.spool.dir if self.spool is not None else "none",
-            )
-        self.down = True
-        return False
+        return ExportResult.FAILURE
+
+    def _call(self, batch: Sequence[TrajectoryRecord], replay: bool) -> ExportResult:
+        exporter = self.exporter
+        if replay and hasattr(exporter, "replaying"):
+            # exporters that skip idempotency lookups on a first export need to know
+            exporter.replaying = True
+            try:
+                return exporter.export(batch)
+            finally:
+                exporter.replaying = False
+        return exporter.export(batch)
+
+    # control ----------------------------------------------------------------------------
+    def outstanding(self, seq: int) -> bool:
+        """Whether a trajectory with sequence number <= seq is still waiting here."""
+        with self.cond:
+            return any(b.own and b.seq is not None and b.seq <= seq for b in self.todo)
 
     def wait(self, seq: int, deadline: float) -> bool:
-        """Wait until batches up to ``seq`` are handled, then give spooled ones one more try."""
+        """Wait until every own batch up to ``seq`` is settled, probing a down backend often
+        until ``deadline``. True when none is left waiting."""
         with self.cond:
-            while self.done_seq < seq:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-            if not self.pending:
-                return True
-            round_ = self.replay_round
-            self.replay_requested = True
+            self.flush_until = max(self.flush_until, deadline)
             self.cond.notify_all()
-            while self.replay_round == round_:
+            while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self._dead():
                     return False
-                self.cond.wait(left)
-            return not self.pending
+                self.cond.wait(min(left, 0.1))
+            return True
 
-    def stop(self, deadline: float) -> None:
+    def _dead(self) -> bool:
+        return self.thread is not None and not self.thread.is_alive()
+
+    def stop(self, deadline: float) -> bool:
+        """Stop the thread; False when it is stuck in an export call past the deadline (the
+        exporter must then not be shut down: never two calls at once)."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
         if self.thread is not None:
-            self.thread.join(max(0.0, deadline - time.monotonic()))
+            # an idle thread leaves at once; a little grace even when flush used the budget
+            self.thread.join(max(0.5, deadline - time.monotonic()))
+            return not self.thread.is_alive()
+        return True
+
+    def abandon(self) -> tuple[int, int]:
+        """At shutdown: what is left. Batches in the spool stay there for a later replay (the
+        spool is released, so another process or ``rollout-tracer replay`` may take them);
+        batches only in memory are lost and counted. Returns (on disk, lost)."""
+        with self.cond:
+            on_disk = lost = 0
+            for b in list(self.todo):
+                if b.path is not None and b.path.exists():
+                    on_disk += b.n
+                else:
+                    lost += b.n
+                    self._settle(b)
+                    self._drop(b, "unexported_at_exit")
+        if self.spool is not None:
+            self.spool.release()
+        return on_disk, lost
+
+    def pending(self) -> int:
+        """Own trajectories not yet stored (in memory or in the spool)."""
+        with self.cond:
+            return sum(b.n for b in self.todo if b.own)
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        with self.cond:
+            inflight = time.monotonic() - self.inflight_since if self.inflight_since else 0.0
+            waiting = [b for b in self.todo if b.attempted or not b.own]
+            m: dict[str, float] = {
+                f"{prefix}exported": self.exported,
+                f"{prefix}pending": sum(b.n for b in self.todo if b.own),
+                f"{prefix}replayed": self.replayed,
+                f"{prefix}orphans_replayed": self.orphans_replayed,
+                f"{prefix}spooled_batches": sum(1 for b in waiting if b.path is not None),
+                f"{prefix}queue_depth": len(self.todo),
+                f"{prefix}held_bytes": self.held_bytes,
+                f"{prefix}retries": self.retries,
+                f"{prefix}spool_errors": self.spool_errors,
+                f"{prefix}loop_errors": self.loop_errors,
+                f"{prefix}down": int(self.down),
+                f"{prefix}worker_alive": int(not self._dead()),
+                f"{prefix}export_inflight_s": round(inflight, 3),
+                f"{prefix}failed": sum(self.dropped.values()),
+            }
+            for reason, count in self.dropped.items():
+                m[f"{prefix}dropped/{reason}"] = count
+            return m

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import random
 import time
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
+from tracer.ids import new_span_id, new_trace_id
 from tracer.record import KINDS
 from tracer.snapshot import snapshot, snapshot_args
 
@@ -39,7 +39,7 @@ class _Span:
     )
 
     def __init__(self, name: str, kind: str, parent_id: int | None, inputs: Any) -> None:
-        self.span_id = random.getrandbits(64) or 1  # formatted as hex off the hot path
+        self.span_id = new_span_id()  # tracer/ids.py; formatted as hex off the hot path
         self.parent_id = parent_id
         self.name = name
         self.kind = kind
@@ -87,7 +87,7 @@ class Trajectory:
         attributes: dict[str, Any],
     ) -> None:
         self.tracer = tracer
-        self.trace_id = f"{random.getrandbits(128):032x}"
+        self.trace_id = f"{new_trace_id():032x}"
         self.step = step
         self.sample_index = sample_index
         self.rollout_n = rollout_n

@@ -5,18 +5,26 @@
                                         ├──> spool file ──> [export worker "mlflow"]
                                         └──> spool file ──> [export worker "jsonl"]
 
-``submit`` never blocks: when the buffer is full (count or bytes) the trajectory is dropped
-and counted. Each backend has its own thread and bounded queue, so a slow or failing backend
-never delays another (tracer/export_worker.py). Threads start lazily and restart in a forked
-child.
+``submit`` never waits on a backend. When the buffer is full (count or bytes) the trajectory
+overflows to the spool: the rollout's own thread builds its record and writes it there (slower
+for that one call, nothing lost); only when that fails too is it dropped, and counted. Each
+backend has its own thread and bounded queue, so a slow or failing backend never delays another
+(tracer/export_worker.py). Threads start lazily and restart in a forked child; every loop
+iteration is guarded, so an unexpected error is counted and the loop goes on.
+
+Counters reconcile, per backend, at any quiescent point::
+
+    submitted == exported + pending + dropped
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -24,11 +32,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tracer.backends.base import Exporter
-from tracer.export_worker import ExportWorker, InternalErrors
+from tracer.errors import InternalErrors, log_every
+from tracer.export_worker import ExportWorker
 from tracer.process import build_record
 from tracer.record import TrajectoryRecord
 from tracer.redact import Redactor
-from tracer.spool import BackendSpool, default_spool_dir
+from tracer.spool import BackendSpool, default_spool_dir, strip_credentials
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
@@ -64,29 +73,36 @@ class Pipeline:
         spool = None
         if self.config.spool and getattr(exporter, "spoolable", True):
             name = getattr(exporter, "name", type(exporter).__name__)
-            spool = BackendSpool(
-                self.config.spool_dir or default_spool_dir(),
-                name,
-                str(getattr(exporter, "destination", name)),
-                self.config,
-                self.config.max_spool_bytes,
-            )
+            try:
+                spool = BackendSpool(
+                    self.config.spool_dir or default_spool_dir(),
+                    name,
+                    str(getattr(exporter, "destination", name)),
+                    self.config,
+                    self.config.max_spool_bytes,
+                )
+            except OSError as exc:  # the folder cannot be made: export from memory
+                log.warning("rollout-tracer: no spool for %s (%s); exporting from memory only",
+                            name, exc)
         return ExportWorker(exporter, self.config, self.errors, spool)
 
     def _init_state(self) -> None:
-        self.buffer: collections.deque[Trajectory] = collections.deque()
+        self.buffer: collections.deque[tuple[int, Trajectory]] = collections.deque()
         self.lock = threading.Lock()
         self.wake = threading.Event()
-        self.progress = threading.Condition()
         self.buffered_bytes = 0
-        self.submitted = 0  # sequence number of the last accepted trajectory
-        self.processed_seq = 0
-        self.dropped_buffer_full = 0
-        self.process_errors = 0
+        self.submitted = 0  # every trajectory handed to submit; also its sequence number
+        self.in_process: dict[int, tuple[int, int]] = {}  # token -> (lowest seq, count)
+        self._tokens = itertools.count()
+        self.dropped: collections.Counter[str] = collections.Counter()  # before any worker
+        self.lost_seq = 0  # highest sequence number dropped before any worker
+        self.overflowed = 0
+        self.loop_errors = 0
         self.hot_ns = 0  # the rollout's time inside tracer code, over processed trajectories
         self.hot_trajectories = 0
         self.processor: threading.Thread | None = None
         self.closed = False
+        self._lost_at_last_flush = 0
 
     def _after_fork(self) -> None:
         # The parent exports what was buffered before the fork; the child starts empty, with
@@ -98,30 +114,51 @@ class Pipeline:
     # hot path -------------------------------------------------------------------------
     def submit(self, traj: Trajectory) -> None:
         with self.lock:
+            self.submitted += 1
+            seq = self.submitted
             if self.closed:
-                self.dropped_buffer_full += 1
+                self._drop_before_workers(seq, 1, "after_shutdown")
                 return
             if (
-                len(self.buffer) >= self.config.max_buffer_trajectories
-                or self.buffered_bytes + traj.nbytes > self.config.max_buffer_bytes
+                len(self.buffer) < self.config.max_buffer_trajectories
+                and self.buffered_bytes + traj.nbytes <= self.config.max_buffer_bytes
             ):
-                self.dropped_buffer_full += 1
-                if self.dropped_buffer_full in (1, 10, 100) or self.dropped_buffer_full % 1000 == 0:
-                    log.warning(
-                        "rollout-tracer: trace buffer full (%d trajectories, %d bytes); "
-                        "%d trajectories dropped",
-                        len(self.buffer),
-                        self.buffered_bytes,
-                        self.dropped_buffer_full,
-                    )
+                self.buffer.append((seq, traj))
+                self.buffered_bytes += traj.nbytes
+                if self.processor is None:
+                    self._start()
+                if len(self.buffer) >= self.config.export_batch_size:
+                    self.wake.set()
                 return
-            self.buffer.append(traj)
-            self.buffered_bytes += traj.nbytes
-            self.submitted += 1
-            if self.processor is None:
-                self._start()
-            if len(self.buffer) >= self.config.export_batch_size:
-                self.wake.set()
+            if not any(w.spool is not None for w in self.workers):
+                self._drop_before_workers(seq, 1, "buffer_full")
+                return
+            token = next(self._tokens)
+            self.in_process[token] = (seq, 1)
+            self.overflowed += 1
+            n = self.overflowed
+        self.wake.set()
+        if log_every(n):
+            log.warning(
+                "rollout-tracer: trace buffer full (%d trajectories, %d bytes): finished "
+                "trajectories are written to the spool on the rollout's thread (slower); "
+                "raise max_buffer_trajectories/max_buffer_bytes or sample less [%d so far]",
+                self.config.max_buffer_trajectories, self.config.max_buffer_bytes, n)  # fmt: skip
+        try:
+            self._process([(seq, traj)])
+        finally:
+            with self.lock:
+                del self.in_process[token]
+
+    def _drop_before_workers(self, seq: int, n: int, reason: str) -> None:
+        """Count trajectories lost before reaching any backend (caller holds ``lock``)."""
+        self.dropped[reason] += n
+        if reason != "evicted_by_sampling":
+            self.lost_seq = max(self.lost_seq, seq)
+            total = sum(v for k, v in self.dropped.items() if k != "evicted_by_sampling")
+            if log_every(total):
+                log.warning("rollout-tracer: %d trajectories dropped (%s); %d so far",
+                            n, reason, total)
 
     # background -----------------------------------------------------------------------
     def _start(self) -> None:
@@ -136,103 +173,204 @@ class Pipeline:
 
     def _process_loop(self) -> None:
         while True:
-            self.wake.wait(self.config.flush_interval_s)
-            self.wake.clear()
-            self._drain()
-            if self.closed and not self.buffer:
-                return
+            try:
+                self.wake.wait(self.config.flush_interval_s)
+                self.wake.clear()
+                self._drain()
+                with self.lock:
+                    if self.closed and not self.buffer:
+                        return
+            except Exception as exc:  # the loop goes on; what was taken is in _process
+                with self.lock:
+                    self.loop_errors += 1
+                self.errors.report("processing trajectories", exc, background=True)
+                time.sleep(0.05)
 
     def _drain(self) -> None:
         while True:
             with self.lock:
                 if not self.buffer:
                     return
-                batch: list[Trajectory] = []
+                batch: list[tuple[int, Trajectory]] = []
                 while self.buffer and len(batch) < self.config.export_batch_size:
-                    traj = self.buffer.popleft()
+                    seq, traj = self.buffer.popleft()
                     self.buffered_bytes -= traj.nbytes
+                    batch.append((seq, traj))
+                token = next(self._tokens)
+                self.in_process[token] = (batch[0][0], len(batch))
+            try:
+                self._process(batch)
+            finally:
+                with self.lock:
+                    del self.in_process[token]
+
+    def _process(self, batch: list[tuple[int, Trajectory]]) -> None:
+        """Build, redact and serialize records, then hand them to every worker. Every
+        trajectory taken here ends up in a worker or in a drop counter, whatever happens."""
+        records: list[TrajectoryRecord] = []
+        nbytes = 0
+        handed = 0
+        try:
+            tokenizer = self.tokenizer()
+            for seq, traj in batch:
+                with self.lock:
                     self.hot_ns += traj.hot_ns
                     self.hot_trajectories += 1
-                    batch.append(traj)
-                seq = self.submitted - len(self.buffer)
-            records: list[TrajectoryRecord] = []
-            tokenizer = self.tokenizer()
-            for traj in batch:
                 if not self.sampler.confirm(traj.step, traj.sample_index, traj.validate):
-                    continue  # displaced by a sample with a lower hash before it was exported
+                    with self.lock:  # displaced by a sample with a lower hash, by design
+                        self._drop_before_workers(seq, 1, "evicted_by_sampling")
+                    continue
                 try:
                     record = build_record(traj, self.config, tokenizer)
                     if self.redactor is not None:
                         record = self.redactor.record(record)
-                    records.append(record)
                 except Exception as exc:
-                    self.process_errors += 1
-                    self.errors.report("building a trace record", exc)
+                    with self.lock:
+                        self._drop_before_workers(seq, 1, "build_error")
+                    self.errors.report("building a trace record", exc, background=True)
+                    continue
+                records.append(record)
+                nbytes += traj.nbytes
+            if not records:
+                return
             lines = None
-            if records and any(w.spool is not None for w in self.workers):
+            if any(w.spool is not None for w in self.workers):
                 lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
+                nbytes = sum(len(line) for line in lines)
+            seq0 = batch[0][0]
             for w in self.workers:
-                if records:
-                    w.put(seq, records, lines)
-                else:
-                    w.mark(seq)
-            with self.progress:
-                self.processed_seq = max(self.processed_seq, seq)
-                self.progress.notify_all()
+                w.put(seq0, records, lines, nbytes)
+                handed += 1
+        except Exception as exc:
+            # Something unexpected after the trajectories left the buffer: count them as lost
+            # for every backend that did not get them, then let the loop go on.
+            if records and handed < len(self.workers):
+                for w in self.workers[handed:]:
+                    with w.cond:
+                        w.dropped["internal_error"] += len(records)
+                        w.lost_seq = max(w.lost_seq, batch[0][0])
+            self.errors.report("processing trajectories", exc, background=True)
 
     # control --------------------------------------------------------------------------
+    def _outstanding(self, target: int) -> bool:
+        with self.lock:
+            if self.buffer and self.buffer[0][0] <= target:
+                return True
+            return any(seq <= target for seq, _ in self.in_process.values())
+
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until everything submitted so far is exported (or given up on)."""
+        """Wait until everything submitted so far is stored, probing a backend that is down
+        until it answers or ``timeout_s`` passes. True only when nothing traced so far is
+        still waiting and nothing was lost since the previous flush."""
         deadline = time.monotonic() + timeout_s
         with self.lock:
             target = self.submitted
-            if self.processor is None:
-                return True
-        self.wake.set()
-        with self.progress:
-            while self.processed_seq < target:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.progress.wait(min(left, 0.05))
+            started = self.processor is not None
+        ok = True
+        if started:
+            self.wake.set()
+            while self._outstanding(target):
+                if time.monotonic() >= deadline or not self._processor_alive():
+                    ok = False
+                    break
+                time.sleep(0.005)
                 self.wake.set()
-        return all(w.wait(target, deadline) for w in self.workers)
-
-    def shutdown(self, timeout_s: float = 30.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        ok = self.flush(timeout_s)
-        with self.lock:
-            self.closed = True
-        self.wake.set()
-        if self.processor is not None:
-            self.processor.join(max(0.0, deadline - time.monotonic()))
-        for w in self.workers:
-            w.stop(deadline)
-            try:
-                w.exporter.force_flush(max(0.1, deadline - time.monotonic()))
-                w.exporter.shutdown(max(0.1, deadline - time.monotonic()))
-            except Exception as exc:
-                self.errors.report(f"shutting down backend {w.name}", exc)
+            if ok:
+                ok = all([w.wait(target, deadline) for w in self.workers])
+        lost = self._lost_total()
+        if lost > self._lost_at_last_flush:
+            ok = False
+            self._lost_at_last_flush = lost
+        self.errors.check()
         return ok
 
-    def metrics(self) -> dict[str, Any]:
-        m: dict[str, Any] = {
-            "tracer/submitted": self.submitted,
-            "tracer/queue_depth": len(self.buffer),
-            "tracer/queue_bytes": self.buffered_bytes,
-            "tracer/dropped_buffer_full": self.dropped_buffer_full,
-            "tracer/evicted_by_sampling": self.sampler.evicted,
-            "tracer/process_errors": self.process_errors,
-            "tracer/hot_path_ms": self.hot_ns / 1e6,
-            "tracer/hot_path_us_per_trajectory": (
-                self.hot_ns / 1e3 / self.hot_trajectories if self.hot_trajectories else 0.0),
-        }
+    def _lost_total(self) -> int:
+        n = sum(v for k, v in self.dropped.items() if k != "evicted_by_sampling")
+        return n + sum(sum(w.dropped.values()) for w in self.workers)
+
+    def _processor_alive(self) -> bool:
+        return self.processor is None or self.processor.is_alive()
+
+    def shutdown(self, timeout_s: float = 30.0) -> bool:
+        """Flush within ``timeout_s``, stop the threads, and say where anything left is."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            ok = self.flush(timeout_s)
+        finally:
+            with self.lock:
+                self.closed = True
+            self.wake.set()
+        if self.processor is not None:
+            self.processor.join(max(0.0, deadline - time.monotonic()))
+        with self.lock:  # the processor did not get to these in time
+            while self.buffer:
+                seq, traj = self.buffer.popleft()
+                self.buffered_bytes -= traj.nbytes
+                self._drop_before_workers(seq, 1, "unexported_at_exit")
+                ok = False
         for w in self.workers:
-            m[f"tracer/{w.name}/exported"] = w.exported
-            m[f"tracer/{w.name}/spooled_batches"] = w.spooled
-            m[f"tracer/{w.name}/replayed"] = w.replayed
-            m[f"tracer/{w.name}/failed"] = w.failed
-            m[f"tracer/{w.name}/dropped"] = w.dropped
-            m[f"tracer/{w.name}/retries"] = w.retries
-            m[f"tracer/{w.name}/queue_depth"] = len(w.queue)
+            if not w.stop(deadline):
+                since = w.inflight_since
+                log.error(
+                    "rollout-tracer: backend %s is stuck in an export call (%.0f s); not "
+                    "shutting it down (never two calls at once)",
+                    w.name, time.monotonic() - since if since else 0.0)  # fmt: skip
+            else:
+                try:
+                    w.exporter.force_flush(max(0.1, deadline - time.monotonic()))
+                    w.exporter.shutdown(max(0.1, deadline - time.monotonic()))
+                except Exception as exc:
+                    self.errors.report(f"shutting down backend {w.name}", exc, background=True)
+            on_disk, lost = w.abandon()
+            if on_disk or lost:
+                ok = False
+                self._report_left(w, on_disk, lost)
+        return ok
+
+    def _report_left(self, w: ExportWorker, on_disk: int, lost: int) -> None:
+        where = getattr(w.exporter, "destination", w.name)
+        parts = []
+        if on_disk and w.spool is not None:
+            spool_root = w.spool.dir.parent
+            parts.append(
+                f"{on_disk} trajectories for {w.name} ({strip_credentials(str(where))}) were not "
+                f"exported before shutdown; they are kept in {w.spool.dir}. Export them with: "
+                f"rollout-tracer replay --spool-dir {spool_root}"
+            )
+        if lost:
+            parts.append(f"{lost} trajectories for {w.name} were only in memory and are lost")
+        line = "rollout-tracer: " + "; ".join(parts)
+        if log.hasHandlers():
+            log.error("%s", line)
+        else:  # one line on stderr, also at interpreter exit
+            print(line, file=sys.stderr, flush=True)
+
+    def metrics(self) -> dict[str, Any]:
+        with self.lock:
+            pending = len(self.buffer) + sum(n for _, n in self.in_process.values())
+            m: dict[str, Any] = {
+                "tracer/submitted": self.submitted,
+                "tracer/queue_depth": len(self.buffer),
+                "tracer/queue_bytes": self.buffered_bytes,
+                "tracer/overflowed_to_spool": self.overflowed,
+                "tracer/dropped_buffer_full": self.dropped["buffer_full"],
+                "tracer/evicted_by_sampling": self.dropped["evicted_by_sampling"],
+                "tracer/process_errors": self.dropped["build_error"],
+                "tracer/internal_errors": self.errors.total,
+                "tracer/loop_errors": self.loop_errors,
+                "tracer/processor_alive": int(self._processor_alive()),
+                "tracer/hot_path_ms": self.hot_ns / 1e6,
+                "tracer/hot_path_us_per_trajectory": (
+                    self.hot_ns / 1e3 / self.hot_trajectories if self.hot_trajectories else 0.0),
+            }
+            for reason, count in self.dropped.items():
+                m[f"tracer/dropped/{reason}"] = count
+            before_workers = sum(self.dropped.values())
+        for w in self.workers:
+            prefix = f"tracer/{w.name}/"
+            wm = w.metrics(prefix)
+            # Per backend: submitted == exported + pending + dropped at any quiescent point.
+            wm[f"{prefix}pending"] += pending
+            wm[f"{prefix}dropped"] = before_workers + wm[f"{prefix}failed"]
+            m.update(wm)
         return m

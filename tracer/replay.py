@@ -1,8 +1,9 @@
 """Replay what a spool holds into its backends: ``rollout-tracer replay`` and ``replay()``.
 
-Each spool folder names its backend and the trace config it was written with, so replay needs
-no other configuration. Only batch files of processes that are gone are taken (a live
-process replays its own); exports are idempotent, so a batch replayed twice is stored once.
+Each spool folder names its backend and the trace config it was written with (credentials are
+never stored: they come from the environment, as for the run), so replay needs no other
+configuration. Only batch files whose owner is gone are taken (a live tracer replays its own;
+see tracer/spool.py); exports are idempotent, so a batch replayed twice is stored once.
 """
 
 from __future__ import annotations
@@ -52,33 +53,38 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
             result.failed[folder.name] = f"cannot start backend {name}: {exc}"
             continue
         spool = BackendSpool(spool_dir, name, str(getattr(exporter, "destination", name)),
-                             config, config.max_spool_bytes)
-        if spool.dir != folder:  # the destination changed through overrides: read the old one
-            spool.dir = folder
+                             config, config.max_spool_bytes, folder=folder)
         done = 0
-        for orphan in spool.orphans():
-            path = spool.claim(orphan)
-            if path is None:
-                continue
-            records = read_batch(path)
-            if hasattr(exporter, "replaying"):
-                exporter.replaying = True  # may already be stored: check before adding
-            try:
-                ok = not records or exporter.export(records) is ExportResult.SUCCESS
-            except Exception as exc:
-                ok = False
-                result.failed[folder.name] = f"{type(exc).__name__}: {exc}"
-            if not ok:
-                result.failed.setdefault(folder.name, "export failed")
-                break
-            spool.delete(path)
-            done += len(records)
-            if progress is not None:
-                progress(len(records))
         try:
-            exporter.shutdown()
-        except Exception as exc:  # replay is done; report and go on
-            log.warning("rollout-tracer: shutting down %s after replay: %s", name, exc)
+            for orphan in spool.orphans():
+                path = spool.claim(orphan)
+                if path is None:
+                    continue  # taken by another replay or a live tracer
+                try:
+                    records = read_batch(path)
+                except (OSError, ValueError) as exc:
+                    result.failed[folder.name] = f"cannot read {path.name}: {exc}"
+                    continue
+                if hasattr(exporter, "replaying"):
+                    exporter.replaying = True  # may already be stored: check before adding
+                try:
+                    ok = not records or exporter.export(records) is not ExportResult.FAILURE
+                except Exception as exc:
+                    ok = False
+                    result.failed[folder.name] = f"{type(exc).__name__}: {exc}"
+                if not ok:
+                    result.failed.setdefault(folder.name, "export failed")
+                    break
+                spool.delete(path)
+                done += len(records)
+                if progress is not None:
+                    progress(len(records))
+        finally:
+            spool.release()  # what failed is an orphan again, for the next replay
+            try:
+                exporter.shutdown()
+            except Exception as exc:  # replay is done; report and go on
+                log.warning("rollout-tracer: shutting down %s after replay: %s", name, exc)
         result.replayed[folder.name] = done
         result.left[folder.name] = len(spool.orphans())
     return result

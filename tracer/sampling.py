@@ -17,7 +17,9 @@ the N lowest hashes; otherwise it can differ from them only by pinned samples.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -48,6 +50,10 @@ class Sampler:
         self._lock = threading.Lock()
         self._steps: OrderedDict[tuple[Any, bool], _StepState] = OrderedDict()
         self.evicted = 0
+        # A fork while another thread holds the lock would leave the child's copy locked for
+        # good (its holder does not exist there): the child gets a fresh lock.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _fresh_lock(ref))
 
     def _state(self, key: tuple[Any, bool]) -> _StepState:
         state = self._steps.get(key)
@@ -101,3 +107,9 @@ class Sampler:
                 return False
             state.pinned.add(sample_index)
             return True
+
+
+def _fresh_lock(ref: weakref.ref[Sampler]) -> None:
+    sampler = ref()
+    if sampler is not None:
+        sampler._lock = threading.Lock()

@@ -3,128 +3,265 @@
 The processing thread writes each batch of finished records to one file per backend *before*
 handing it to that backend's export worker; the file is deleted once the backend has it. So:
 
-- a backend outage leaves its batches here (nothing lost, memory stays bounded: a worker whose
-  queue is full keeps only the file name), and they are replayed when the backend is back;
+- a backend outage leaves its batches here (memory stays bounded: a worker whose queue is full
+  keeps only the file name), and they are replayed when the backend is back;
 - a process killed with SIGKILL loses only what had not reached the spool yet (trajectories
   finished within the last flush interval); the next tracer on the same spool, or
   ``rollout-tracer replay``, exports the rest. Replays are idempotent because every backend
   writes by trace id.
 
-Layout: ``<spool_dir>/<backend>-<destination hash>/`` holds ``destination.json`` (backend name
-and the trace config, so ``rollout-tracer replay`` can rebuild the exporter) and batch files
-``<pid>-<seq>-<n>.jsonl``, one JSON record per line (``TrajectoryRecord.to_dict``).
+The spool is a safety net, never a single point of failure: when a file cannot be written
+(full disk, read-only, quota, permissions) ``write`` raises ``SpoolError`` and the caller
+exports from memory.
+
+Layout: ``<spool_dir>/<backend>-<destination hash>/`` holds
+- ``destination.json``: backend name and the trace config, without credentials, so
+  ``rollout-tracer replay`` can rebuild the exporter (credentials come from the environment);
+- one ``<owner>.owner`` lock file per live spool writer; ``owner`` is
+  ``<host>_<pid>_<random>``, so a restarted container with the same PID, a second ``init`` in
+  one process, and another host on a shared (NFS) folder are all different owners;
+- batch files ``<wall ns>_<owner>_<counter>_<n>.jsonl`` (created with ``O_EXCL``, mode 0600),
+  one JSON record per line (``TrajectoryRecord.to_dict``). Names sort oldest first.
+
+Ownership is decided by the lock, not by whether a PID is alive: a writer holds an exclusive
+``flock`` on its owner file for as long as it lives. A batch whose owner's lock can be taken is
+an orphan (its process crashed, was killed, or exited while the backend was down); whoever
+renames it under its own owner first (atomic) replays it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
+import re
+import secrets
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from tracer.record import TrajectoryRecord, read_jsonl
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; a live writer's files look orphaned
+    fcntl = None  # type: ignore[assignment]
+
 DESTINATION_FILE = "destination.json"
+_NAME = re.compile(r"^(\d+)_(.+)_(\d+)_(\d+)\.jsonl$")
+# Owners alive in this process: flock is per open file, but on NFS Linux emulates it with
+# POSIX locks, which a process never conflicts with itself on; this set covers that case.
+_live_owners: set[str] = set()
+_live_lock_fds: set[int] = set()
+
+
+class SpoolError(OSError):
+    """A batch could not be written to the spool (disk full, read-only, permissions...)."""
 
 
 def default_spool_dir() -> str:
     return os.path.join(os.getcwd(), ".rollout-tracer", "spool")
 
 
-def pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()) or "host"
+
+
+def _after_fork_in_child() -> None:
+    # The child must not keep the parent's locks alive through inherited descriptors (the
+    # parent's files would never look orphaned after it dies), nor count them as its own.
+    for fd in list(_live_lock_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _live_lock_fds.clear()
+    _live_owners.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class BackendSpool:
-    """The spool folder of one backend destination. Thread-safe."""
+    """The spool folder of one backend destination, written by one owner. Thread-safe."""
 
     def __init__(
-        self, root: str, backend: str, destination: str, config: Any, max_bytes: int
+        self,
+        root: str,
+        backend: str,
+        destination: str,
+        config: Any,
+        max_bytes: int,
+        folder: Path | None = None,  # replay into a new destination: read the old folder
     ) -> None:
-        digest = hashlib.sha1(f"{backend}|{destination}".encode()).hexdigest()[:12]
-        self.dir = Path(root) / f"{backend}-{digest}"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = folder if folder is not None else spool_folder(root, backend, destination)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._counter = 0
-        meta = self.dir / DESTINATION_FILE
-        if not meta.exists():
-            payload = {
-                "backend": backend,
-                "destination": destination,
-                "config": _config_dict(config),
-            }
-            tmp = meta.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(payload, indent=1, default=str))
-            os.replace(tmp, meta)
-        self.used = sum(p.stat().st_size for p in self._batch_files())
+        self.owner = f"{_host()}_{os.getpid()}_{secrets.token_hex(4)}"
+        self._lock_fd: int | None = None
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._write_destination(backend, destination, config)
+        self._take_ownership()
+        self.used = sum(_size(p) for p in self.batch_files())
 
-    def _batch_files(self) -> Iterator[Path]:
-        for p in self.dir.iterdir():
-            if p.suffix == ".jsonl":
+    def _write_destination(self, backend: str, destination: str, config: Any) -> None:
+        meta = self.dir / DESTINATION_FILE
+        if meta.exists():
+            return
+        payload = {
+            "backend": backend,
+            "destination": strip_credentials(destination),
+            "config": _config_dict(config),
+        }
+        tmp = self.dir / f".{DESTINATION_FILE}.{self.owner}.tmp"
+        try:
+            _write_new(tmp, json.dumps(payload, indent=1, default=str).encode())
+            os.replace(tmp, meta)
+        except OSError:
+            # Replay needs it, export does not: a full disk must not stop the tracer here.
+            _unlink(tmp)
+
+    def _take_ownership(self) -> None:
+        _live_owners.add(self.owner)
+        if fcntl is None:
+            return
+        try:
+            fd = os.open(self.dir / f"{self.owner}.owner", os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError:
+            return  # no lock file (full or read-only disk): our batches may look orphaned
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new unique name: never contended
+        self._lock_fd = fd
+        _live_lock_fds.add(fd)
+
+    def release(self) -> None:
+        """Give up ownership: what is left here becomes an orphan that others may replay."""
+        _live_owners.discard(self.owner)
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            _live_lock_fds.discard(fd)
+            _unlink(self.dir / f"{self.owner}.owner")
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def batch_files(self) -> Iterator[Path]:
+        try:
+            entries = list(self.dir.iterdir())
+        except OSError:
+            return
+        for p in entries:
+            if p.suffix == ".jsonl" and not p.name.startswith("."):
                 yield p
 
     def write(self, lines: list[str]) -> Path | None:
-        """Append one batch as a new file; None when the spool is full (caller counts a drop)."""
+        """Write one batch as a new file. None when the spool is full (``max_bytes``); raises
+        ``SpoolError`` when the file system refuses (the caller keeps the batch in memory)."""
         data = ("\n".join(lines) + "\n").encode()
         with self._lock:
             if self.used + len(data) > self.max_bytes:
                 return None
             self._counter += 1
-            name = f"{os.getpid()}-{self._counter:08d}-{len(lines)}.jsonl"
+            name = f"{time.time_ns():019d}_{self.owner}_{self._counter:08d}_{len(lines)}.jsonl"
             self.used += len(data)
         path = self.dir / name
         tmp = self.dir / f".{name}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)  # a reader never sees half a batch
+        try:
+            _write_new(tmp, data)
+            os.replace(tmp, path)  # a reader never sees half a batch
+        except OSError as exc:
+            _unlink(tmp)
+            with self._lock:
+                self.used = max(0, self.used - len(data))
+            raise SpoolError(exc.errno or errno.EIO, f"spool write failed: {exc}") from exc
         return path
 
     def delete(self, path: Path) -> None:
         try:
             size = path.stat().st_size
             path.unlink()
-        except FileNotFoundError:
+        except OSError:  # already gone (deleted by hand, replayed by another process)
             return
         with self._lock:
             self.used = max(0, self.used - size)
 
     def orphans(self) -> list[Path]:
-        """Batch files left by processes that are gone (crashed, killed, or exited while the
-        backend was down), oldest first."""
-        out = []
-        for p in self._batch_files():
-            try:
-                pid = int(p.name.split("-", 1)[0])
-            except ValueError:
-                continue
-            if not pid_alive(pid):
+        """Batch files whose owner is gone (crashed, killed, or exited while the backend was
+        down), oldest first. Decided by the owner's lock, so PID reuse cannot fool it."""
+        out: list[Path] = []
+        verdict: dict[str, bool] = {}
+        for p in self.batch_files():
+            m = _NAME.match(p.name)
+            owner = m.group(2) if m else ""
+            if owner not in verdict:
+                verdict[owner] = not owner or self._owner_gone(owner)
+            if verdict[owner]:
                 out.append(p)
-        return sorted(out, key=lambda p: p.stat().st_mtime)
+        return sorted(out, key=batch_sort_key)
+
+    def _owner_gone(self, owner: str) -> bool:
+        if owner in _live_owners:
+            return False
+        if fcntl is None:
+            return owner.split("_")[1:2] != [str(os.getpid())]
+        lock = self.dir / f"{owner}.owner"
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:
+            return True  # released at exit, or never created
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # its owner holds it: alive
+        finally:
+            os.close(fd)  # closing our descriptor drops a lock we may have taken
+        _unlink(lock)  # a dead owner's lock file: tidy up
+        return True
 
     def claim(self, path: Path) -> Path | None:
-        """Take an orphan for replay by renaming it under our pid (atomic: one winner)."""
+        """Take an orphan for replay by renaming it under our owner (atomic: one winner). The
+        original timestamp stays first in the name, so replay order is kept."""
+        m = _NAME.match(path.name)
         with self._lock:
             self._counter += 1
             n = self._counter
-        new = path.with_name(f"{os.getpid()}-r{n:07d}-{path.name.rsplit('-', 1)[-1]}")
+        if m:
+            new = path.with_name(f"{m.group(1)}_{self.owner}_{n:08d}_{m.group(4)}.jsonl")
+        else:  # an older tracer's file name: still replayable, ordered by mtime
+            stamp = int(_mtime(path) * 1e9)
+            new = path.with_name(f"{stamp:019d}_{self.owner}_{n:08d}_0.jsonl")
         try:
             os.rename(path, new)
-        except FileNotFoundError:
+        except OSError:
             return None
+        with self._lock:
+            self.used += _size(new)
         return new
+
+
+def spool_folder(root: str, backend: str, destination: str) -> Path:
+    """The folder of one backend destination (its name never contains credentials)."""
+    digest = hashlib.sha1(f"{backend}|{destination}".encode()).hexdigest()[:12]
+    return Path(root) / f"{backend}-{digest}"
+
+
+def batch_sort_key(path: Path) -> tuple[int, str]:
+    m = _NAME.match(path.name)
+    return (int(m.group(1)), path.name) if m else (int(_mtime(path) * 1e9), path.name)
+
+
+def batch_size(path: Path) -> int:
+    """The number of trajectories a batch file holds, from its name."""
+    m = _NAME.match(path.name)
+    if m and int(m.group(4)) > 0:
+        return int(m.group(4))
+    return sum(1 for _ in read_jsonl(path)) if path.exists() else 0
 
 
 def read_batch(path: Path) -> list[TrajectoryRecord]:
@@ -145,13 +282,69 @@ def spool_folders(root: str) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
+_SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth|credential)", re.I)
+
+
+def strip_credentials(value: str) -> str:
+    """A URI without ``user:password@`` (and without secret-looking query values)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value
+    if not parts.scheme or not parts.netloc:
+        return value
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = parts.query
+    if query:
+        query = "&".join(
+            f"{k}=<redacted>" if _SECRET_KEY.search(k) else f"{k}={v}" if sep else k
+            for k, sep, v in (item.partition("=") for item in query.split("&"))
+        )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
 def _config_dict(config: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        out = {}
-        for f in dataclasses.fields(config):
-            value = getattr(config, f.name)
-            if callable(value):
-                continue
-            out[f.name] = value
-        return out
-    return {}
+    """The trace config as replay needs it, with no credential: header values, secrets in
+    URIs and callables never reach the disk."""
+    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
+        return {}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if callable(value):
+            continue
+        if f.name.endswith("_headers") and isinstance(value, dict):
+            continue  # Authorization & co: replay takes them from the environment again
+        if isinstance(value, str):
+            value = strip_credentials(value)
+        out[f.name] = value
+    return out
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 class ExportResult(enum.Enum):
     SUCCESS = "success"
     FAILURE = "failure"  # retryable: the pipeline retries with backoff, then spools
+    REJECTED = "rejected"  # never retryable (the backend refuses this data): counted as lost
 
 
 @runtime_checkable

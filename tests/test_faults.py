@@ -1,0 +1,500 @@
+"""Delivery under real faults: every case injects one, reads what arrived back with MLflow's own
+client, and checks that the counters reconcile (submitted == exported + pending + dropped).
+
+Faults are injected where they happen: the global ``random`` seeded alike in two processes, a
+spool on a full tmpfs (or, where no tmpfs can be mounted, ENOSPC from the spool's write call),
+a spool file deleted under the tracer, a real ``mlflow server`` killed and restarted, an
+exporter that raises or hangs. The exporter faults wrap the real MLflow exporter
+(``FlakyMlflow``): the data still goes to a real store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracer
+from tests._servers import free_port, start_mlflow_server
+from tests.conftest import search_traces
+from tracer.backends import register_backend
+from tracer.backends.base import ExportResult
+from tracer.ids import new_trace_id
+
+pytest.importorskip("mlflow")
+from tracer.backends.mlflow_backend import MlflowExporter
+
+EXP = "faults"
+
+
+# -- helpers -------------------------------------------------------------------------------
+class Faults:
+    """What FlakyMlflow does next; one instance per test (reset by the fixture)."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.raise_after_store = 0  # store the batch, then raise this many times
+        self.hang = threading.Event()  # set: export blocks until `release` is set
+        self.release = threading.Event()
+        self.in_export = 0
+        self.overlaps = 0  # shutdown/force_flush called while an export call ran
+        self.lock = threading.Lock()
+
+
+FAULTS = Faults()
+
+
+class FlakyMlflow(MlflowExporter):
+    """The real MLflow exporter with injected faults around its export call."""
+
+    name = "flaky"
+
+    def export(self, batch: Any) -> ExportResult:
+        with FAULTS.lock:
+            FAULTS.in_export += 1
+        try:
+            if FAULTS.hang.is_set():
+                FAULTS.release.wait(120)
+            if FAULTS.down:
+                raise ConnectionError("injected: backend unreachable")
+            result = super().export(batch)
+            if FAULTS.raise_after_store > 0:
+                FAULTS.raise_after_store -= 1
+                raise KeyError("injected: unexpected exception after the data was stored")
+            return result
+        finally:
+            with FAULTS.lock:
+                FAULTS.in_export -= 1
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        self._check_overlap()
+        return bool(super().force_flush(timeout_s))
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        self._check_overlap()
+        super().shutdown(timeout_s)
+
+    def _check_overlap(self) -> None:
+        with FAULTS.lock:
+            if FAULTS.in_export:
+                FAULTS.overlaps += 1
+
+
+register_backend("flaky", FlakyMlflow)
+
+
+@pytest.fixture(autouse=True)
+def _faults() -> Iterator[None]:
+    global FAULTS
+    FAULTS = Faults()
+    yield
+    FAULTS.release.set()
+
+
+@tracer.trace_op(kind="generate")
+def generate(prompt: str) -> str:
+    return prompt.upper()
+
+
+@tracer.trace_op(kind="reward")
+def reward(i: int) -> float:
+    return float(i % 2)
+
+
+def trace(n: int, step: int = 0, start: int = 0, payload: str = "") -> None:
+    for i in range(start, start + n):
+        with tracer.trace_attr(step=step, sample_index=i):
+            generate(f"question {i} {payload}")
+            reward(i)
+
+
+def reconciles(backend: str) -> dict[str, Any]:
+    """submitted == exported + pending + dropped for this backend; returns the metrics."""
+    m = tracer.metrics()
+    p = f"tracer/{backend}/"
+    assert m["tracer/submitted"] == m[p + "exported"] + m[p + "pending"] + m[p + "dropped"], m
+    return m
+
+
+def stored_keys(uri: str) -> list[tuple[str, str]]:
+    traces = search_traces(uri, EXP)
+    return [(t.info.tags["step"], t.info.tags["sample_index"]) for t in traces]
+
+
+def base_config(tmp_path: Path, uri: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "backend": "flaky",
+        "tracking_uri": uri,
+        "project_name": EXP,
+        "spool_dir": str(tmp_path / "spool"),
+        "flush_interval_s": 0.05,
+        "export_batch_size": 10,
+        "export_max_retries": 1,
+        "replay_interval_s": 0.3,
+        **kw,
+    }
+
+
+# -- ids -------------------------------------------------------------------------------------
+def test_ids_do_not_follow_random_seed() -> None:
+    random.seed(0)
+    a = new_trace_id()
+    random.seed(0)
+    assert new_trace_id() != a
+
+
+_SEEDED_RUN = """
+import random, sys
+import numpy as np
+random.seed(0); np.random.seed(0)
+import tracer
+tracer.init(backend="mlflow", tracking_uri=sys.argv[1], project_name="faults")
+@tracer.trace_op(kind="tool")
+def tool(x):
+    return x
+for i in range(40):
+    random.seed(0)  # RL scripts seed everywhere, even per sample
+    with tracer.trace_attr(step=0, sample_index=i, run=sys.argv[2]):
+        tool(i)
+sys.exit(0 if tracer.flush(120) else 3)
+"""
+
+
+def test_two_processes_seeded_alike_keep_every_trajectory(tmp_path: Path, mlflow_uri: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + str(Path(__file__).parents[1])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _SEEDED_RUN, mlflow_uri, run], cwd=tmp_path,
+                         env=env)
+        for run in ("a", "b")
+    ]  # fmt: skip
+    assert [p.wait(300) for p in procs] == [0, 0]
+    traces = search_traces(mlflow_uri, EXP)
+    assert len(traces) == 80
+    assert len({t.info.trace_id for t in traces}) == 80
+
+
+# -- the spool's disk ------------------------------------------------------------------------
+@contextlib.contextmanager
+def full_disk(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``path`` on a 512 KB tmpfs filled to the last byte; yields a function that frees it.
+    Where no tmpfs can be mounted, the spool's file writes fail with ENOSPC instead."""
+    path.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(path)],
+                             capture_output=True).returncode == 0  # fmt: skip
+    filler = path / "filler"
+    if mounted:
+        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"x" * 4096)
+        freed = filler.unlink
+    else:
+        import tracer.spool as spool_mod
+
+        real = spool_mod._write_new
+
+        def enospc(p: Path, data: bytes) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
+
+        monkeypatch.setattr(spool_mod, "_write_new", enospc)
+
+        def freed() -> None:
+            monkeypatch.setattr(spool_mod, "_write_new", real)
+
+    try:
+        yield freed
+    finally:
+        tracer.reset()
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_spool_disk_exports_from_memory_and_recovers(
+    tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with full_disk(tmp_path / "spool", monkeypatch) as free_space:
+        tracer.init(base_config(tmp_path, mlflow_uri))
+        trace(20, step=0)  # the spool cannot take a byte: export goes on from memory
+        assert tracer.flush(60)
+        m = reconciles("flaky")
+        assert m["tracer/flaky/spool_errors"] >= 1 and m["tracer/flaky/dropped"] == 0
+        FAULTS.down = True  # disk full *and* the backend down: memory holds the batches
+        trace(20, step=1)
+        time.sleep(1.0)
+        assert reconciles("flaky")["tracer/flaky/pending"] == 20
+        FAULTS.down = False
+        free_space()  # space is back: the spool works again
+        trace(20, step=2)
+        assert tracer.flush(60)
+        m = reconciles("flaky")
+        assert m["tracer/flaky/exported"] == 60 and m["tracer/flaky/worker_alive"] == 1
+        assert m["tracer/processor_alive"] == 1
+    keys = stored_keys(mlflow_uri)
+    assert len(keys) == 60 and len(set(keys)) == 60
+
+
+def test_deleted_spool_file_is_counted_and_the_rest_exported(tmp_path: Path, mlflow_uri: str):
+    # a small memory bound: the batches live only in their spool files
+    tracer.init(base_config(tmp_path, mlflow_uri, max_buffer_trajectories=10))
+    FAULTS.down = True
+    trace(50)
+    time.sleep(1.5)  # the worker tried, failed and marked the backend down
+    files = sorted((tmp_path / "spool").glob("flaky-*/*.jsonl"))
+    assert sum(len(p.read_text().splitlines()) for p in files) == 50
+    victim = files[len(files) // 2]
+    lost = len(victim.read_text().splitlines())
+    victim.unlink()  # someone cleans the folder while the backend is down
+    FAULTS.down = False
+    assert tracer.flush(60) is False  # not everything arrived, and flush says so
+    m = reconciles("flaky")
+    assert m["tracer/flaky/worker_alive"] == 1
+    assert m["tracer/flaky/dropped/spool_lost"] == lost
+    assert m["tracer/flaky/exported"] == 50 - lost
+    assert len(set(stored_keys(mlflow_uri))) == 50 - lost
+
+
+def test_exporter_raising_unexpected_exceptions_stores_each_trajectory_once(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    tracer.init(base_config(tmp_path, mlflow_uri))
+    FAULTS.raise_after_store = 3  # stored, then KeyError: retried, must not duplicate
+    trace(40)
+    assert tracer.flush(60)
+    m = reconciles("flaky")
+    assert m["tracer/flaky/exported"] == 40 and m["tracer/flaky/retries"] >= 1
+    traces = search_traces(mlflow_uri, EXP)
+    assert len(traces) == 40
+    rewards = [a for t in traces for a in t.info.assessments if a.name == "reward"]
+    assert len(rewards) == 40
+
+
+def test_hung_exporter_flush_honours_timeout_and_shutdown_never_overlaps(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    tracer.init(base_config(tmp_path, mlflow_uri))
+    FAULTS.hang.set()
+    trace(10)
+    t0 = time.monotonic()
+    assert tracer.flush(1.0) is False
+    assert time.monotonic() - t0 < 3.0
+    m = reconciles("flaky")
+    assert m["tracer/flaky/export_inflight_s"] > 0
+    t0 = time.monotonic()
+    assert tracer.shutdown(1.0) is False
+    assert time.monotonic() - t0 < 5.0
+    assert FAULTS.overlaps == 0  # never shut down while an export call ran
+    FAULTS.release.set()
+    # the batch stays in the spool for the next tracer or `rollout-tracer replay`
+    assert sum(1 for _ in (tmp_path / "spool").glob("flaky-*/*.jsonl")) == 1
+
+
+def test_init_twice_while_backend_down_overwrites_nothing(tmp_path: Path, mlflow_uri: str):
+    tracer.init(base_config(tmp_path, mlflow_uri, shutdown_timeout_s=0.5))
+    FAULTS.down = True
+    trace(20, step=0)
+    time.sleep(1.0)
+    tracer.init(base_config(tmp_path, mlflow_uri))  # the old one leaves its batches behind
+    trace(20, step=1)
+    time.sleep(1.0)
+    files = list((tmp_path / "spool").glob("flaky-*/*.jsonl"))
+    assert sum(len(p.read_text().splitlines()) for p in files) == 40  # none overwritten
+    FAULTS.down = False
+    assert tracer.flush(60)
+    m = reconciles("flaky")
+    assert m["tracer/flaky/orphans_replayed"] == 20  # the first tracer's, adopted
+    keys = stored_keys(mlflow_uri)
+    assert len(keys) == 40 and len(set(keys)) == 40
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_while_sampler_lock_is_held_child_traces(tmp_path: Path, mlflow_uri: str):
+    tracer.init(base_config(tmp_path, mlflow_uri, max_samples_per_step_per_worker=4))
+    trace(1, step=0)
+    assert tracer.flush(60)
+    lock = tracer.get_tracer().sampler._lock
+    lock.acquire()  # as if another thread were inside the sampler at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                trace(1, step=1, start=7)
+                code = 0 if tracer.flush(60) else 2
+            finally:
+                os._exit(code)
+    finally:
+        lock.release()
+    trace(1, step=1, start=8)  # the parent goes on too, with ids of its own
+    deadline = time.monotonic() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            pytest.fail("the forked child hung (sampler lock inherited locked?)")
+        time.sleep(0.1)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert tracer.flush(60)
+    traces = search_traces(mlflow_uri, EXP)
+    assert sorted(stored_keys(mlflow_uri)) == [("0", "0"), ("1", "7"), ("1", "8")]
+    assert len({t.info.trace_id for t in traces}) == 3
+
+
+# -- a stalled backend, big payloads, a tiny spool --------------------------------------------
+class _Stalled:
+    name = "stalled20k"
+    release = threading.Event()
+
+    def __init__(self, config: Any = None) -> None:
+        pass
+
+    def export(self, batch: Any) -> ExportResult:
+        _Stalled.release.wait(300)
+        return ExportResult.SUCCESS
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        return None
+
+
+register_backend("stalled20k", _Stalled)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_stalled_backend_20000_trajectories_none_dropped(tmp_path: Path) -> None:
+    _Stalled.release.clear()
+    tracer.init(backend="stalled20k", spool_dir=str(tmp_path / "spool"),
+                max_buffer_trajectories=500, flush_interval_s=0.1)  # fmt: skip
+    trace(20_000)
+    time.sleep(0.5)
+    m = reconciles("stalled20k")
+    assert m["tracer/stalled20k/dropped"] == 0 and m["tracer/dropped_buffer_full"] == 0
+    assert m["tracer/overflowed_to_spool"] > 0  # the hot buffer was full: spool, not drop
+    on_disk = sum(
+        len(p.read_bytes().splitlines()) for p in (tmp_path / "spool").glob("stalled20k-*/*.jsonl")
+    )
+    assert on_disk == 20_000
+    _Stalled.release.set()
+    assert tracer.flush(120)
+    assert reconciles("stalled20k")["tracer/stalled20k/exported"] == 20_000
+
+
+def test_tiny_spool_drops_are_counted_by_reason_and_memory_stays_bounded(tmp_path: Path):
+    _Stalled.release.clear()
+    tracer.init(backend="stalled20k", spool_dir=str(tmp_path / "spool"),
+                max_spool_bytes=4 * 1024**2, max_buffer_bytes=16 * 1024**2,
+                max_buffer_trajectories=1000, flush_interval_s=0.05)  # fmt: skip
+    before = _rss()
+    peak = before
+    big = "y" * 1_000_000  # 1 MB per trajectory; 300 MB if nothing were bounded
+    for i in range(300):
+        with tracer.trace_attr(step=0, sample_index=i):
+            generate(big + str(i))
+        if i % 20 == 0:
+            peak = max(peak, _rss())
+            time.sleep(0.01)
+    time.sleep(1.0)
+    peak = max(peak, _rss())
+    m = reconciles("stalled20k")
+    dropped = {k.rsplit("/", 1)[1]: v for k, v in m.items()
+               if k.startswith("tracer/stalled20k/dropped/")}  # fmt: skip
+    assert m["tracer/stalled20k/dropped"] > 0 and set(dropped) <= {"spool_full", "buffer_full"}
+    assert sum(dropped.values()) == m["tracer/stalled20k/dropped"]
+    growth = peak - before
+    assert growth < 150 * 1024**2, f"RSS grew {growth / 2**20:.0f} MiB for 300 MB of payload"
+    _Stalled.release.set()
+    assert tracer.flush(60) is False  # something was lost, and flush says so
+    reconciles("stalled20k")
+
+
+# -- a real tracking server that goes away ---------------------------------------------------
+@pytest.fixture
+def no_mlflow_http_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MLflow's client retries each request for minutes by default; the tracer does its own
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_mlflow_http_retries")
+def test_server_back_after_last_step_within_flush_timeout(tmp_path: Path) -> None:
+    root = tmp_path / "server"
+    root.mkdir()
+    port = free_port()
+    server = start_mlflow_server(root, port)
+    try:
+        tracer.init(base_config(tmp_path, server.url, backend="mlflow"))
+        trace(50, step=0)
+        assert tracer.flush(60)
+        server.stop(kill=True)
+        trace(100, step=1)  # the last step, traced while the server is down
+        restarted: list[Any] = []
+        t = threading.Thread(
+            target=lambda: (time.sleep(4), restarted.append(start_mlflow_server(root, port))))
+        t.start()
+        t0 = time.monotonic()
+        assert tracer.flush(120), tracer.metrics()  # waits for the server, not 14 ms
+        assert time.monotonic() - t0 > 3
+        t.join()
+        server = restarted[0]
+        reconciles("mlflow")
+        keys = [(t.info.tags["step"], t.info.tags["sample_index"])
+                for t in search_traces(server.url, EXP)]  # fmt: skip
+        assert len(keys) == 150 and len(set(keys)) == 150
+    finally:
+        tracer.reset()
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_mlflow_http_retries")
+def test_server_down_at_shutdown_prints_replay_command_that_stores_everything_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "server"
+    root.mkdir()
+    port = free_port()
+    server = start_mlflow_server(root, port)
+    try:
+        tracer.init(base_config(tmp_path, server.url, backend="mlflow"))
+        trace(30, step=0)
+        assert tracer.flush(60)
+        server.stop(kill=True)
+        trace(30, step=1)
+        assert tracer.shutdown(2.0) is False
+        [line] = [r.getMessage() for r in caplog.records if "rollout-tracer replay" in
+                  r.getMessage()]  # fmt: skip
+        assert "30 trajectories for mlflow" in line
+        command = line.split("Export them with: ", 1)[1].split()
+        assert command[:2] == ["rollout-tracer", "replay"]
+        server = start_mlflow_server(root, port)
+        exe = Path(sys.executable).with_name("rollout-tracer")
+        for _ in range(2):  # the second run finds nothing left: nothing stored twice
+            out = subprocess.run([str(exe), *command[1:]], capture_output=True, text=True,
+                                 timeout=300, cwd=tmp_path)  # fmt: skip
+            assert out.returncode == 0, out.stdout + out.stderr
+        traces = search_traces(server.url, EXP)
+        keys = [(t.info.tags["step"], t.info.tags["sample_index"]) for t in traces]
+        assert len(keys) == 60 and len(set(keys)) == 60
+        rewards = [a for t in traces for a in t.info.assessments if a.name == "reward"]
+        assert len(rewards) == 60  # one reward each, none added twice by the second replay
+    finally:
+        tracer.reset()
+        server.stop()

@@ -1,0 +1,34 @@
+"""Trace and span ids from a private generator: seeded from ``os.urandom``, re-seeded in a
+forked child, and never touched by ``random.seed`` (nor numpy's or torch's seeding).
+
+RL scripts seed the global ``random`` in every worker and on every rerun; ids drawn from it
+repeat across processes and runs, and every backend upserts by trace id, so a second run would
+silently overwrite the first. A private ``random.Random`` keeps ``getrandbits`` speed (a C call
+on the hot path) without sharing state with anything the user seeds.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+_rng = random.Random(os.urandom(32))
+
+
+def _reseed() -> None:
+    # A forked child starts with the parent's generator state: without this, parent and child
+    # would draw the same ids from here on.
+    _rng.seed(os.urandom(32))
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
+def new_span_id() -> int:
+    """A non-zero 64-bit span id (formatted as 16 hex digits off the hot path)."""
+    return _rng.getrandbits(64) or 1
+
+
+def new_trace_id() -> int:
+    """A non-zero 128-bit trace id."""
+    return _rng.getrandbits(128) or 1
