@@ -191,26 +191,26 @@ def full_disk(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     path.mkdir(parents=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(path)],
                              capture_output=True).returncode == 0  # fmt: skip
-    filler = path / "filler"
-    if mounted:
-        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"x" * 4096)
-        freed = filler.unlink
-    else:
-        import tracer.spool as spool_mod
-
-        real = spool_mod._write_new
-
-        def enospc(p: Path, data: bytes) -> None:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
-
-        monkeypatch.setattr(spool_mod, "_write_new", enospc)
-
-        def freed() -> None:
-            monkeypatch.setattr(spool_mod, "_write_new", real)
-
     try:
+        if mounted:
+            filler = path / "filler"
+            with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+                while True:
+                    f.write(b"x" * 4096)
+            freed = filler.unlink
+        else:
+            import tracer.spool as spool_mod
+
+            real = spool_mod._write_new
+
+            def enospc(p: Path, data: bytes) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
+
+            monkeypatch.setattr(spool_mod, "_write_new", enospc)
+
+            def freed() -> None:
+                monkeypatch.setattr(spool_mod, "_write_new", real)
+
         yield freed
     finally:
         tracer.reset()
