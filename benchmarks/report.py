@@ -60,9 +60,10 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
             )
     mem = r.get("memory") or {}
     if "peak_growth_mib" in mem:
-        bounded = mem["peak_growth_mib"] < mem["unbounded_estimate_mib"] and mem["dropped"] > 0
-        text = f"+{mem['peak_growth_mib']} MiB, {mem['dropped']} dropped (counted)"
-        out.append(("stalled backend: RSS bounded, drops counted", text, bounded))
+        bounded = mem["peak_growth_mib"] < mem["unbounded_estimate_mib"] and mem["dropped"] == 0
+        text = (f"+{mem['peak_growth_mib']} MiB, {mem['dropped']} dropped, "
+                f"{mem.get('spooled', '?')} in the spool")  # fmt: skip
+        out.append(("stalled backend: RSS bounded, nothing dropped (spooled)", text, bounded))
     return out
 
 
@@ -208,7 +209,9 @@ def _memory(mem: dict[str, Any]) -> list[str]:
         f"| peak RSS | {mem['peak_rss_mib']} MiB (+{mem['peak_growth_mib']} MiB) |",
         f"| unbounded would hold (estimate) | {mem['unbounded_estimate_mib']} MiB |",
         f"| RSS growth every 500 trajectories | {mem['rss_growth_every_500_mib']} MiB |",
-        f"| held (buffer + backend queue) / dropped | {mem['held']} / {mem['dropped']} |",
+        f"| held (memory + spool) / of those in the spool / dropped | {mem['held']} / "
+        f"{mem.get('spooled', '?')} / {mem['dropped']} |",
+        f"| overflowed to the spool on the rollout's thread | {mem.get('overflowed', '?')} |",
         f"| hot path per trajectory p50 / p99 / max | {p50} / {p99} / {mx} µs |",
         f"| produce time | {mem['produce_s']} s |",
         "",

@@ -350,6 +350,41 @@ def test_fork_while_sampler_lock_is_held_child_traces(tmp_path: Path, mlflow_uri
     assert len({t.info.trace_id for t in traces}) == 3
 
 
+@pytest.mark.parametrize("raise_internal_errors", [False, True])
+def test_unexpected_error_in_each_background_loop_is_counted_and_the_loop_goes_on(
+    tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch, raise_internal_errors: bool
+) -> None:
+    from tracer.export_worker import ExportWorker
+    from tracer.pipeline import Pipeline
+
+    def once(real: Any) -> Any:
+        calls = []
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("injected bug")
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(Pipeline, "_process", once(Pipeline._process))
+    monkeypatch.setattr(ExportWorker, "_step", once(ExportWorker._step))
+    tracer.init(base_config(tmp_path, mlflow_uri, raise_internal_errors=raise_internal_errors))
+    trace(5, step=0)  # the first batch meets the processor's bug: lost, and counted
+    time.sleep(0.5)
+    trace(5, step=1)
+    if raise_internal_errors:  # the project's own tests see the bug...
+        with pytest.raises(RuntimeError, match="injected bug"):
+            tracer.flush(60)
+    assert tracer.flush(60) is not None
+    m = reconciles("flaky")  # ... and in production the loops go on
+    assert m["tracer/processor_alive"] == 1 and m["tracer/flaky/worker_alive"] == 1
+    assert m["tracer/flaky/loop_errors"] == 1 and m["tracer/internal_errors"] >= 2
+    assert m["tracer/dropped/internal_error"] == 5 and m["tracer/flaky/exported"] == 5
+    assert sorted({k[0] for k in stored_keys(mlflow_uri)}) == ["1"]
+
+
 # -- a stalled backend, big payloads, a tiny spool --------------------------------------------
 class _Stalled:
     name = "stalled20k"

@@ -150,12 +150,17 @@ def init(config: TraceConfig | Mapping[str, Any] | None = None, **overrides: Any
 
 
 def flush(timeout_s: float | None = None) -> bool:
-    """Block until every finished trajectory so far is exported; False on timeout."""
+    """Block until every trajectory finished so far is stored by every backend. A backend that
+    is down is probed until it answers or ``timeout_s`` (default ``export_timeout_s``) passes.
+    True only when nothing is left waiting and nothing was lost since the previous flush; what
+    is left stays in the spool, and ``metrics()`` says where each trajectory is."""
     return _default.flush(timeout_s)
 
 
 def shutdown(timeout_s: float | None = None) -> bool:
-    """Flush and stop the background workers; tracing is off afterwards until ``init``."""
+    """Flush (waiting at most ``timeout_s``, default ``shutdown_timeout_s``) and stop the
+    background workers; tracing is off afterwards until ``init``. If a backend is still down,
+    one line says how many trajectories wait in the spool and the command that exports them."""
     return _default.shutdown(timeout_s)
 
 

@@ -51,6 +51,7 @@ DROP_REASONS = (
     "after_shutdown",  # finished after shutdown()
     "unexported_at_exit",  # only in memory when the tracer shut down with the backend down
     "build_error",  # the record could not be built (an internal error, logged)
+    "internal_error",  # a tracer bug in the pipeline itself (logged, and raised in our tests)
     "evicted_by_sampling",  # displaced by a sample with a lower hash (not a loss: by design)
 )
 

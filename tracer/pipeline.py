@@ -144,11 +144,7 @@ class Pipeline:
                 "trajectories are written to the spool on the rollout's thread (slower); "
                 "raise max_buffer_trajectories/max_buffer_bytes or sample less [%d so far]",
                 self.config.max_buffer_trajectories, self.config.max_buffer_bytes, n)  # fmt: skip
-        try:
-            self._process([(seq, traj)])
-        finally:
-            with self.lock:
-                del self.in_process[token]
+        self._process_guarded([(seq, traj)], token)
 
     def _drop_before_workers(self, seq: int, n: int, reason: str) -> None:
         """Count trajectories lost before reaching any backend (caller holds ``lock``)."""
@@ -198,18 +194,26 @@ class Pipeline:
                     batch.append((seq, traj))
                 token = next(self._tokens)
                 self.in_process[token] = (batch[0][0], len(batch))
-            try:
-                self._process(batch)
-            finally:
-                with self.lock:
-                    del self.in_process[token]
+            self._process_guarded(batch, token)
+
+    def _process_guarded(self, batch: list[tuple[int, Trajectory]], token: int) -> None:
+        try:
+            self._process(batch)
+        except Exception as exc:  # _process settles every trajectory; this is the backstop
+            with self.lock:
+                self._drop_before_workers(batch[-1][0], len(batch), "internal_error")
+            self.errors.report("processing trajectories", exc, background=True)
+        finally:
+            with self.lock:
+                del self.in_process[token]
 
     def _process(self, batch: list[tuple[int, Trajectory]]) -> None:
         """Build, redact and serialize records, then hand them to every worker. Every
         trajectory taken here ends up in a worker or in a drop counter, whatever happens."""
         records: list[TrajectoryRecord] = []
         nbytes = 0
-        handed = 0
+        settled = 0  # trajectories of this batch already counted (evicted, build error)
+        handed = 0  # workers that have the records
         try:
             tokenizer = self.tokenizer()
             for seq, traj in batch:
@@ -219,6 +223,7 @@ class Pipeline:
                 if not self.sampler.confirm(traj.step, traj.sample_index, traj.validate):
                     with self.lock:  # displaced by a sample with a lower hash, by design
                         self._drop_before_workers(seq, 1, "evicted_by_sampling")
+                    settled += 1
                     continue
                 try:
                     record = build_record(traj, self.config, tokenizer)
@@ -227,6 +232,7 @@ class Pipeline:
                 except Exception as exc:
                     with self.lock:
                         self._drop_before_workers(seq, 1, "build_error")
+                    settled += 1
                     self.errors.report("building a trace record", exc, background=True)
                     continue
                 records.append(record)
@@ -237,18 +243,21 @@ class Pipeline:
             if any(w.spool is not None for w in self.workers):
                 lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
                 nbytes = sum(len(line) for line in lines)
-            seq0 = batch[0][0]
             for w in self.workers:
-                w.put(seq0, records, lines, nbytes)
+                w.put(batch[0][0], records, lines, nbytes)
                 handed += 1
         except Exception as exc:
-            # Something unexpected after the trajectories left the buffer: count them as lost
-            # for every backend that did not get them, then let the loop go on.
-            if records and handed < len(self.workers):
+            # Something unexpected after the trajectories left the buffer: whatever no worker
+            # got is counted as lost (never silently), then the loop goes on.
+            if handed == 0:
+                with self.lock:
+                    self._drop_before_workers(batch[-1][0], len(batch) - settled,
+                                              "internal_error")
+            else:
                 for w in self.workers[handed:]:
                     with w.cond:
                         w.dropped["internal_error"] += len(records)
-                        w.lost_seq = max(w.lost_seq, batch[0][0])
+                        w.lost_seq = max(w.lost_seq, batch[-1][0])
             self.errors.report("processing trajectories", exc, background=True)
 
     # control --------------------------------------------------------------------------
