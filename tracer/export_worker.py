@@ -113,7 +113,6 @@ class ExportWorker:
         self.spool_errors = 0
         self.loop_errors = 0
         self.dropped: collections.Counter[str] = collections.Counter()
-        self.lost_seq = 0  # highest sequence number among own trajectories lost here
 
     # producer side (processing thread, or the rollout's thread on overflow) ----------------
     def start(self) -> None:
@@ -178,8 +177,6 @@ class ExportWorker:
     def _drop(self, batch: _Batch, reason: str) -> None:
         """Count a batch as lost (caller holds ``cond``)."""
         self.dropped[reason] += batch.n
-        if batch.own and batch.seq is not None:
-            self.lost_seq = max(self.lost_seq, batch.seq)
         total = sum(self.dropped.values())
         log.error(
             "rollout-tracer: %d trajectories lost for %s (%s); %d lost so far",

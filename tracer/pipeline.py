@@ -95,7 +95,6 @@ class Pipeline:
         self.in_process: dict[int, tuple[int, int]] = {}  # token -> (lowest seq, count)
         self._tokens = itertools.count()
         self.dropped: collections.Counter[str] = collections.Counter()  # before any worker
-        self.lost_seq = 0  # highest sequence number dropped before any worker
         self.overflowed = 0
         self.loop_errors = 0
         self.hot_ns = 0  # the rollout's time inside tracer code, over processed trajectories
@@ -117,7 +116,7 @@ class Pipeline:
             self.submitted += 1
             seq = self.submitted
             if self.closed:
-                self._drop_before_workers(seq, 1, "after_shutdown")
+                self._drop_before_workers(1, "after_shutdown")
                 return
             if (
                 len(self.buffer) < self.config.max_buffer_trajectories
@@ -131,7 +130,7 @@ class Pipeline:
                     self.wake.set()
                 return
             if not any(w.spool is not None for w in self.workers):
-                self._drop_before_workers(seq, 1, "buffer_full")
+                self._drop_before_workers(1, "buffer_full")
                 return
             token = next(self._tokens)
             self.in_process[token] = (seq, 1)
@@ -146,11 +145,10 @@ class Pipeline:
                 self.config.max_buffer_trajectories, self.config.max_buffer_bytes, n)  # fmt: skip
         self._process_guarded([(seq, traj)], token)
 
-    def _drop_before_workers(self, seq: int, n: int, reason: str) -> None:
+    def _drop_before_workers(self, n: int, reason: str) -> None:
         """Count trajectories lost before reaching any backend (caller holds ``lock``)."""
         self.dropped[reason] += n
         if reason != "evicted_by_sampling":
-            self.lost_seq = max(self.lost_seq, seq)
             total = sum(v for k, v in self.dropped.items() if k != "evicted_by_sampling")
             if log_every(total):
                 log.warning("rollout-tracer: %d trajectories dropped (%s); %d so far",
@@ -201,7 +199,7 @@ class Pipeline:
             self._process(batch)
         except Exception as exc:  # _process settles every trajectory; this is the backstop
             with self.lock:
-                self._drop_before_workers(batch[-1][0], len(batch), "internal_error")
+                self._drop_before_workers(len(batch), "internal_error")
             self.errors.report("processing trajectories", exc, background=True)
         finally:
             with self.lock:
@@ -216,13 +214,13 @@ class Pipeline:
         handed = 0  # workers that have the records
         try:
             tokenizer = self.tokenizer()
-            for seq, traj in batch:
+            for _seq, traj in batch:
                 with self.lock:
                     self.hot_ns += traj.hot_ns
                     self.hot_trajectories += 1
                 if not self.sampler.confirm(traj.step, traj.sample_index, traj.validate):
                     with self.lock:  # displaced by a sample with a lower hash, by design
-                        self._drop_before_workers(seq, 1, "evicted_by_sampling")
+                        self._drop_before_workers(1, "evicted_by_sampling")
                     settled += 1
                     continue
                 try:
@@ -231,7 +229,7 @@ class Pipeline:
                         record = self.redactor.record(record)
                 except Exception as exc:
                     with self.lock:
-                        self._drop_before_workers(seq, 1, "build_error")
+                        self._drop_before_workers(1, "build_error")
                     settled += 1
                     self.errors.report("building a trace record", exc, background=True)
                     continue
@@ -251,13 +249,12 @@ class Pipeline:
             # got is counted as lost (never silently), then the loop goes on.
             if handed == 0:
                 with self.lock:
-                    self._drop_before_workers(batch[-1][0], len(batch) - settled,
+                    self._drop_before_workers(len(batch) - settled,
                                               "internal_error")
             else:
                 for w in self.workers[handed:]:
                     with w.cond:
                         w.dropped["internal_error"] += len(records)
-                        w.lost_seq = max(w.lost_seq, batch[-1][0])
             self.errors.report("processing trajectories", exc, background=True)
 
     # control --------------------------------------------------------------------------
@@ -313,9 +310,9 @@ class Pipeline:
             self.processor.join(max(0.0, deadline - time.monotonic()))
         with self.lock:  # the processor did not get to these in time
             while self.buffer:
-                seq, traj = self.buffer.popleft()
+                _seq, traj = self.buffer.popleft()
                 self.buffered_bytes -= traj.nbytes
-                self._drop_before_workers(seq, 1, "unexported_at_exit")
+                self._drop_before_workers(1, "unexported_at_exit")
                 ok = False
         for w in self.workers:
             if not w.stop(deadline):

@@ -50,10 +50,7 @@ class Sampler:
         self._lock = threading.Lock()
         self._steps: OrderedDict[tuple[Any, bool], _StepState] = OrderedDict()
         self.evicted = 0
-        # A fork while another thread holds the lock would leave the child's copy locked for
-        # good (its holder does not exist there): the child gets a fresh lock.
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _fresh_lock(ref))
+        _SAMPLERS.add(self)
 
     def _state(self, key: tuple[Any, bool]) -> _StepState:
         state = self._steps.get(key)
@@ -109,7 +106,14 @@ class Sampler:
             return True
 
 
-def _fresh_lock(ref: weakref.ref[Sampler]) -> None:
-    sampler = ref()
-    if sampler is not None:
+# A fork while another thread holds a sampler's lock would leave the child's copy locked for
+# good (its holder does not exist there): every sampler gets a fresh lock in the child.
+_SAMPLERS: weakref.WeakSet[Sampler] = weakref.WeakSet()
+
+
+def _fresh_locks() -> None:
+    for sampler in list(_SAMPLERS):
         sampler._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks)

@@ -108,7 +108,7 @@ class BackendSpool:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._write_destination(backend, destination, config)
         self._take_ownership()
-        self.used = sum(_size(p) for p in self.batch_files())
+        self.used = 0  # bytes of this owner's batches (adopted orphans included)
 
     def _write_destination(self, backend: str, destination: str, config: Any) -> None:
         meta = self.dir / DESTINATION_FILE
