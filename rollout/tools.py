@@ -14,7 +14,6 @@ import math
 import operator
 import os
 import re
-import resource
 import signal
 import sys
 import time
@@ -171,9 +170,25 @@ class Calculator(Tool):
 
 
 # --------------------------------------------------------------------------- python runner
+# The limits are set by a small launcher that then execs the interpreter that runs the code,
+# not by ``preexec_fn``: that runs Python between fork and exec, which can deadlock in a
+# process with threads (the tracer's workers, Ray, vLLM). rlimits survive exec. A limit above
+# this process's own hard limit is lowered to it, rather than failing every call.
+_LAUNCHER = """\
+import os, resource, sys
+for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE"), sys.argv[1:5]):
+    limit = getattr(resource, name)
+    value, hard = int(value), resource.getrlimit(limit)[1]
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(limit, (value, value))
+os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[5]])
+"""
+
+
 class PythonRunner(Tool):
-    """Runs a Python snippet in a separate, isolated interpreter with CPU, memory and time
-    limits (``resource.setrlimit``); the process group is killed on timeout."""
+    """Runs a Python snippet in a separate, isolated interpreter with CPU, memory, file-size and
+    time limits (``resource.setrlimit``); the process group is killed on timeout."""
 
     name = "python"
     description = "Run a short Python 3 program and return what it prints (stdout)."
@@ -190,13 +205,9 @@ class PythonRunner(Tool):
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
 
-    def _limits(self) -> None:  # runs in the child before exec
-        mem = self.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        cpu = math.ceil(self.timeout_s) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    def limits(self) -> tuple[int, int, int, int]:
+        """(RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE) of the child, in _LAUNCHER's order."""
+        return self.memory_mb * 1024 * 1024, math.ceil(self.timeout_s) + 1, 1 << 20, 0
 
     async def execute(self, **arguments: Any) -> str:
         """Run ``code``; return stdout, or raise :class:`ToolError` on error/timeout."""
@@ -204,9 +215,9 @@ class PythonRunner(Tool):
         if len(code) > 20_000:
             raise ToolError("code too long (max 20000 characters)")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", "-c", code,
+            sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, self.limits()), code,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, preexec_fn=self._limits, start_new_session=True,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONIOENCODING": "utf-8"},
         )  # fmt: skip
         try:

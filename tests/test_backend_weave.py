@@ -147,6 +147,62 @@ def test_reexport_is_idempotent(weave_server: InProcessWeaveServer) -> None:
     assert sorted(ids) == sorted(s["id"] for s in weave_server.starts[:n])  # same call ids
 
 
+@pytest.mark.parametrize("users_client", [False, True], ids=["no-global", "users-global"])
+def test_the_users_global_weave_client_is_left_alone(
+    weave_server: InProcessWeaveServer, users_client: bool
+) -> None:
+    from weave.trace.context.weave_client_context import (
+        get_weave_client,
+        set_weave_client_global,
+    )
+    from weave.trace.weave_client import WeaveClient
+
+    assert get_weave_client() is None
+    users_server = InProcessWeaveServer()
+    user = None
+    if users_client:  # as after the user's own weave.init("me/mine")
+        user = WeaveClient("me", "mine", users_server, ensure_project_exists=False)
+        set_weave_client_global(user)
+
+    @weave.op
+    def users_op(x: int) -> int:
+        return x + 1
+
+    try:
+        tracer.init({"backend": "weave", "project_name": "weave-tests", "weave_entity": "team",
+                     "raise_internal_errors": True})  # fmt: skip
+        assert get_weave_client() is user
+        run_rollout(step=1, sample_index=0, rollout_n=0)
+        assert tracer.flush(timeout_s=30)
+        assert get_weave_client() is user
+        # the user's own op goes to the user's project, or nowhere without weave.init
+        assert users_op(1) == 2
+        if user is not None:
+            user.flush()
+        tracer.shutdown()
+        assert get_weave_client() is user
+
+        calls = weave_server.calls()
+        assert len(calls) == 6 and all(c["project_id"] == "team/weave-tests" for c in calls)
+        assert all(c["ended_at"] is not None for c in calls)
+        users_calls = users_server.calls()
+        assert [c["project_id"] for c in users_calls] == (["me/mine"] if users_client else [])
+    finally:
+        set_weave_client_global(None)
+
+
+def test_weave_disabled_fails_the_export_instead_of_dropping_it(
+    weave_server: InProcessWeaveServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("WEAVE_DISABLED", "true")
+    tracer.init({"backend": "weave", "project_name": "weave-tests", "export_max_retries": 1,
+                 "spool_dir": str(tmp_path / "spool")})  # fmt: skip
+    run_rollout(step=1, sample_index=0, rollout_n=0)
+    assert not tracer.flush(timeout_s=3)  # not stored: the batch waits in the spool
+    assert weave_server.calls() == []
+    assert tracer.metrics().get("tracer/weave/exported", 0) == 0
+
+
 def test_missing_api_key_is_a_clear_init_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_CONFIG_DIR", "/nonexistent")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -98,3 +99,34 @@ async def test_crashing_tool_is_an_error_result() -> None:
 def test_default_tools_rejects_unknown_names() -> None:
     with pytest.raises(ValueError, match="valid: calculator, python, search"):
         default_tools(["calculator", "web"])
+
+
+async def test_python_runner_limits_apply_in_the_child(tmp_path) -> None:
+    # The limits are set without preexec_fn (unsafe in a threaded process); check that they
+    # still reach the interpreter that runs the code, and that exceeding one stops the tool.
+    runner = PythonRunner(memory_mb=200, timeout_s=3)
+    out = await runner.execute(
+        code="import resource as r\n"
+        "print([r.getrlimit(getattr(r, n)) for n in "
+        "('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_CORE')])"
+    )
+    mem = 200 * 1024 * 1024
+    assert out == str([(mem, mem), (4, 4), (1 << 20, 1 << 20), (0, 0)])
+    big = tmp_path / "big.bin"
+    with pytest.raises(ToolError, match="File too large"):
+        await runner.execute(code=f"open({str(big)!r}, 'wb').write(b'x' * (2 << 20))")
+    assert big.stat().st_size <= 1 << 20
+
+
+_forks_with_python: list[int] = []
+os.register_at_fork(before=lambda: _forks_with_python.append(os.getpid()))
+
+
+async def test_python_runner_runs_no_python_between_fork_and_exec() -> None:
+    # preexec_fn makes subprocess fork and run Python in the child before exec: every at-fork
+    # handler runs (the tracer's pipeline restarts its worker in the child), and in a process
+    # with threads the child can deadlock on a lock another thread held. Without preexec_fn
+    # the child goes straight to exec and no at-fork handler runs.
+    before = len(_forks_with_python)
+    assert await PythonRunner().execute(code="print('ok')") == "ok"
+    assert len(_forks_with_python) == before

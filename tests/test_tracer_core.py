@@ -20,6 +20,7 @@ import tracer
 from tracer.backends import register_backend
 from tracer.backends.base import ExportResult
 from tracer.record import TrajectoryRecord
+from tracer.sampling import sample_hash
 from tracer.testing import InMemoryExporter
 
 
@@ -100,6 +101,80 @@ def test_ops_outside_a_trajectory_are_untraced_and_unchanged():
     assert tracer.flush(10)
     assert mem.records == []
     assert Agent.gen_sync.__name__ == "gen_sync"  # functools.wraps
+
+
+@tracer.trace_op(kind="tool")
+async def echo(n: int, seen: list[Any]):
+    try:
+        for i in range(n):
+            try:
+                sent = yield i
+            except ValueError as exc:
+                sent = f"caught {exc}"
+            seen.append(sent)
+    finally:
+        seen.append("finally")
+
+
+@tracer.trace_op(kind="parse")
+def echo_sync(n: int, seen: list[Any]):
+    try:
+        for i in range(n):
+            try:
+                sent = yield i
+            except ValueError as exc:
+                sent = f"caught {exc}"
+            seen.append(sent)
+    finally:
+        seen.append("finally")
+
+
+async def drive_echo() -> tuple[list[Any], list[Any]]:
+    seen: list[Any] = []
+    agen = echo(5, seen)
+    got = [await agen.asend(None), await agen.asend("a"), await agen.athrow(ValueError("x"))]
+    got.append(await agen.asend({"b": 1}))
+    await agen.aclose()
+    seen_sync: list[Any] = []
+    gen = echo_sync(5, seen_sync)
+    got_sync = [gen.send(None), gen.send("a"), gen.throw(ValueError("x")), gen.send({"b": 1})]
+    gen.close()
+    assert (got_sync, seen_sync) == (got, seen)
+    return got, seen
+
+
+@pytest.mark.parametrize("mode", ["off", "sampled_out", "sampled_in"])
+def test_async_generator_gets_asend_athrow_aclose_whatever_the_sampling(mode: str):
+    # Program behaviour must not depend on the sampling decision.
+    expected = ([0, 1, 2, 3], ["a", "caught x", {"b": 1}, "finally"])
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        if mode == "off":  # no tracer.init at all
+            return await drive_echo()
+        if mode == "sampled_in":
+            with tracer.trace_attr(step=0, sample_index=0):
+                return await drive_echo()
+        # max 1 sample per step: the one with the lower hash is kept, the other sampled out
+        kept, dropped = sorted([0, 1], key=lambda i: sample_hash(0, 0, False, i))
+        with tracer.trace_attr(step=0, sample_index=kept):
+            pass
+        with tracer.trace_attr(step=0, sample_index=dropped):
+            return await drive_echo()
+
+    mem = None if mode == "off" else memory(max_samples_per_step_per_worker=1)
+    assert asyncio.run(main()) == expected
+    if mem is None:
+        return
+    assert tracer.flush(10)
+    [rec] = mem.records
+    names = [s.name for s in rec.spans]
+    if mode == "sampled_in":
+        assert names == ["trajectory", "echo", "echo_sync"]
+        for span in rec.spans[1:]:
+            assert span.outputs == [0, 1, 2, 3]
+            assert span.attributes["generator_closed_early"] is True
+    else:
+        assert names == ["trajectory"]
 
 
 def test_64_concurrent_trajectories_each_get_their_own_spans():

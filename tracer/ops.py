@@ -382,9 +382,27 @@ def _wrap_async_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         frame = _current.get()
         if frame is None or frame.traj is None:
-            async for item in fn(*args, **kwargs):
-                yield item
-            return
+            # What ``yield from`` does for a generator, by hand: asend, athrow and aclose reach
+            # the inner generator exactly, so a sampled-out call behaves like a traced one.
+            plain = fn(*args, **kwargs)
+            sent: Any = None
+            thrown: BaseException | None = None
+            try:
+                while True:
+                    if thrown is not None:
+                        value = await plain.athrow(thrown)
+                    else:
+                        value = await plain.asend(sent)
+                    thrown = None
+                    try:
+                        sent = yield value
+                    except GeneratorExit:
+                        await plain.aclose()
+                        raise
+                    except BaseException as exc:
+                        thrown = exc
+            except StopAsyncIteration:
+                return
         traj = frame.traj
         span = _begin(frame, op, args, kwargs)
         inner = _Frame(traj, span.span_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any
 
 # Names the token2text stage looks for; read off arbitrary objects as plain attributes too.
@@ -18,7 +19,9 @@ TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_
 
 _SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex})
 _MAX_DEPTH = 12
-_FLAT_LIST_MIN = 64  # long lists of scalars are copied at C speed without visiting items
+_FLAT_LIST_MIN = 64  # long lists of numbers are copied at C speed without visiting items
+_NUMBERS = frozenset({int, float, bool})
+_BY_REFERENCE_BYTES = 64  # charged for an object kept by reference that cannot say its size
 
 
 class ObjectSnapshot:
@@ -111,8 +114,17 @@ def _snap(x: Any, b: _Budget, depth: int) -> Any:
         if n > b.max_items:
             return Truncated(_snap(x[: b.max_items], b, depth), n)
         b.nbytes += 8 * n + 56
-        if n >= _FLAT_LIST_MIN and type(x[0]) in _SCALARS and type(x[-1]) in _SCALARS:
-            return list(x) if t is list else x  # token ids: C-speed copy
+        if n >= _FLAT_LIST_MIN and type(x[0]) in _NUMBERS and type(x[-1]) in _NUMBERS:
+            # sum() proves at C speed that every item is a number: a str or bytes inside raises
+            # (and is then counted by its length below); anything else that adds up to a
+            # non-number (an array in the middle) also takes the per-item path
+            try:
+                total = sum(x)
+            except Exception:
+                total = None
+            if type(total) in _NUMBERS:
+                b.nbytes += 8 * n  # the numbers themselves, as the per-item path counts them
+                return list(x) if t is list else x  # token ids: C-speed copy
         d = depth + 1
         items = [_snap(v, b, d) for v in x]
         return items if t is list else tuple(items)
@@ -124,8 +136,8 @@ def _snap(x: Any, b: _Budget, depth: int) -> Any:
             keys = list(x)[: b.max_items]
             return Truncated({k: _snap(x[k], b, d) for k in keys}, n)
         return {k: _snap(v, b, d) for k, v in x.items()}
-    if t is set or t is frozenset:
-        b.nbytes += 8 * len(x)
+    if t is set or t is frozenset:  # items are hashable, so shared; strings still count
+        b.nbytes += 16 * len(x) + sum(len(v) for v in x if type(v) is str or type(v) is bytes)
         return frozenset(x) if len(x) <= b.max_items else Truncated(list(x)[: b.max_items], len(x))
     return _snap_object(x, t, b, depth)
 
@@ -167,6 +179,7 @@ def _snap_object(x: Any, t: type, b: _Budget, depth: int) -> Any:
         name: _snap(getattr(x, name), b, d) for name in TOKEN_FIELDS if hasattr(x, name)
     }
     if token_fields:
+        b.nbytes += _shallow_size(x)
         return ObjectSnapshot(t.__qualname__, token_fields, x)
     if isinstance(x, tuple) and hasattr(x, "_asdict"):  # namedtuple
         return ObjectSnapshot(t.__qualname__, {k: _snap(v, b, d) for k, v in x._asdict().items()})
@@ -176,4 +189,13 @@ def _snap_object(x: Any, t: type, b: _Budget, depth: int) -> Any:
         return _snap(list(x), b, depth)
     if isinstance(x, (set, frozenset)):
         return _snap(frozenset(x), b, depth)
+    b.nbytes += _shallow_size(x)
     return x  # kept by reference, rendered by the worker
+
+
+def _shallow_size(x: Any) -> int:
+    """What an object kept by reference holds by itself; its contents are not walked here."""
+    try:
+        return max(int(sys.getsizeof(x)), _BY_REFERENCE_BYTES)
+    except Exception:  # a __sizeof__ that raises or returns nonsense
+        return _BY_REFERENCE_BYTES

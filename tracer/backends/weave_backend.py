@@ -22,9 +22,15 @@ Connection: project ``config.project_name``, entity ``config.weave_entity`` (els
 ``WANDB_ENTITY``, else the account's default entity). The W&B cloud (or the server at
 ``WF_TRACE_SERVER_URL``) needs ``WANDB_API_KEY``; a missing key or an unreachable server raises
 at init. If the process already has a global Weave client for the same project (the user called
-``weave.init``), it is reused; otherwise the exporter's client becomes weave's global client
-(Weave records nothing without one) until shutdown. Tests inject a trace server with
-:func:`set_server_factory`.
+``weave.init``), it is reused. Tests inject a trace server with :func:`set_server_factory`.
+
+Weave's global client is the user's: the exporter never installs its client for the run, never
+replaces or removes the user's. It calls its own client directly, which works whatever the global
+is, with one exception: ``create_call`` / ``finish_call`` record nothing while *no* global client
+exists (weave 0.54 checks only that one exists). So when the user has none, the exporter's
+client is installed for the duration of an export call only, and removed afterwards if it is
+still there (:func:`_weave_gate`). During that window a ``weave.op`` the user runs in another
+thread without having called ``weave.init`` is recorded in the exporter's project.
 
 Uses ``WeaveClient`` directly (``_call_id_override`` is private): weave is pinned (0.54.0).
 """
@@ -32,12 +38,13 @@ Uses ``WeaveClient`` directly (``_call_id_override`` is private): weave is pinne
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tracer.backends.base import ExportResult
@@ -122,6 +129,36 @@ def _make_client(config: TraceConfig) -> Any:
     return connect(config)
 
 
+_gate_lock = threading.Lock()
+_gate_users = 0  # export calls in flight, across exporters
+_gate_client: Any = None  # the client _weave_gate installed as weave's global, if any
+
+
+@contextlib.contextmanager
+def _weave_gate(client: Any) -> Iterator[None]:
+    """Weave's global client exists while the block runs (see the module docstring): the user's
+    if there is one, else ``client`` until the last overlapping export call ends."""
+    from weave.trace.context import weave_client_context
+
+    global _gate_users, _gate_client
+    with _gate_lock:
+        _gate_users += 1
+        if _gate_client is None and weave_client_context.get_weave_client() is None:
+            weave_client_context.set_weave_client_global(client)  # only if still none
+            if weave_client_context.get_weave_client() is client:
+                _gate_client = client
+    try:
+        yield
+    finally:
+        with _gate_lock:
+            _gate_users -= 1
+            if _gate_users == 0 and _gate_client is not None:
+                # a client the user installed meanwhile (weave.init) stays
+                if weave_client_context.get_weave_client() is _gate_client:
+                    weave_client_context.set_weave_client_global(None)
+                _gate_client = None
+
+
 class _RecordedError(Exception):
     """Carries a recorded op failure (type name and message) into Weave's exception field."""
 
@@ -140,13 +177,7 @@ class WeaveExporter:
         import weave  # noqa: F401  (ImportError -> "pip install rollout-tracer[weave]")
 
         self.config = config
-        from weave.trace.context import weave_client_context
-
         self.client = client if client is not None else _make_client(config)
-        # Weave's create_call records nothing while no global client is set; set ours when
-        # there is none (calls still go to self.client's project either way).
-        weave_client_context.set_weave_client_global(self.client)
-        self._installed_global = weave_client_context.get_weave_client() is self.client
         self.destination = f"{self.client.entity}/{self.client.project}"  # names the spool
         self._lock = threading.Lock()
         self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -158,7 +189,7 @@ class WeaveExporter:
             todo = [r for r in batch if r.trace_id not in self._exported]
         if not todo:
             return ExportResult.SUCCESS
-        with override_settings(print_call_link=False):
+        with override_settings(print_call_link=False), _weave_gate(self.client):
             for record in todo:
                 self._export_one(record)
         self.client.flush()
@@ -170,6 +201,8 @@ class WeaveExporter:
         return ExportResult.SUCCESS
 
     def _export_one(self, record: TrajectoryRecord) -> None:
+        from weave.trace.op import is_placeholder_call
+
         client = self.client
         calls: dict[str, Any] = {}
         opened: list[tuple[SpanRecord, Any]] = []
@@ -188,6 +221,11 @@ class WeaveExporter:
                 _call_id_override=call_id(record, span),
                 started_at=_time(span.start_ns),
             )
+            if is_placeholder_call(call):  # weave is off here: fail the batch, never drop it
+                raise RuntimeError(
+                    "Weave recorded nothing: tracing is disabled in this process (WEAVE_DISABLED, "
+                    "or weave.finish() was called during the export)"
+                )
             calls[span.span_id] = call
             opened.append((span, call))
         # children first, so Weave's summary roll-up (status counts) sees them finished
@@ -240,8 +278,4 @@ class WeaveExporter:
         return True
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        from weave.trace.context import weave_client_context
-
         self.client.flush()
-        if self._installed_global and weave_client_context.get_weave_client() is self.client:
-            weave_client_context.set_weave_client_global(None)
