@@ -238,12 +238,15 @@ def _on_begin(is_method: bool) -> Callable[[_Span, tuple[Any, ...], Any], None]:
         if not is_method or not args:
             return
         obj = args[0]
-        if tracer.config.token2text:
-            span.tokenizer = getattr(obj, "tokenizer", None)
-        if span.kind == "tool":
-            tool_name = getattr(obj, "name", None)
-            if isinstance(tool_name, str):
-                span.set_attr("tool_name", tool_name)
+        try:
+            if tracer.config.token2text:
+                span.tokenizer = getattr(obj, "tokenizer", None)
+            if span.kind == "tool":
+                tool_name = getattr(obj, "name", None)
+                if isinstance(tool_name, str):
+                    span.set_attr("tool_name", tool_name)
+        except Exception:  # a hostile __getattr__ must not break the traced call
+            pass
 
     return on_begin
 
