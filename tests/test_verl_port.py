@@ -391,3 +391,25 @@ def test_second_init_is_ignored_until_reset(mlflow_env: str) -> None:
 def test_unknown_backend_still_fails_loudly() -> None:
     with pytest.raises(tracer.ConfigError, match="did you mean `mlflow`"):
         RolloutTraceConfig.init("p", "e", "mlfow")
+
+
+async def test_trackio_backend_leaves_the_callers_run_of_another_project_alone(
+    trackio_dir: Path,
+) -> None:
+    import trackio
+    from trackio import context_vars
+    from trackio.sqlite_storage import SQLiteStorage
+
+    metrics_run = trackio.init(project="metrics", name="train")  # the trainer's own tracker
+    RolloutTraceConfig.init("my-project", "my-experiment", "trackio")
+    assert context_vars.current_run.get() is metrics_run  # not finished, still current
+    with rollout_trace_attr(step=2, sample_index=0, rollout_n=0):
+        await TracedClass().my_method("x")
+    assert tracer.flush(30)
+    trackio.log({"loss": 0.5}, step=2)
+    trackio.finish()
+
+    assert [t["key"] for t in trackio_traces("my-project")] == [
+        "rollout_trace/TracedClass.my_method"
+    ]
+    assert [row["loss"] for row in SQLiteStorage.get_logs("metrics", "train")] == [0.5]

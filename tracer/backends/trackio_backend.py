@@ -13,11 +13,12 @@ metadata holds ``op``, ``backend``, ``experiment_name``, ``inputs`` (without ``m
 ``status``, ``output`` or ``exception_type``, the trajectory's ``step``, ``sample_index``,
 ``rollout_n``, ``validate``, plus ``kind`` and ``trace_id`` (ours).
 
-The run: the one the process already has (``trackio.init`` called by the user, as verl
-checks), else a new run ``trackio.init(project=project_name, name=experiment_name,
-config={"framework": "verl"})``, finished at shutdown. Within a process a trajectory is
-logged once (a retried batch is not logged twice); trackio has no upsert, so a batch replayed
-by another process after a crash can appear twice.
+The run: the caller's current run when it is in ``project_name`` (``trackio.init`` called by
+the user, as verl checks), else a run of its own, ``trackio.init(project=project_name,
+name=experiment_name, config={"framework": "verl"})`` started in a copy of the caller's
+context (a current run of another project is left running and current), finished at
+shutdown. Within a process a trajectory is logged once (a retried batch is not logged twice);
+trackio has no upsert, so a batch replayed by another process after a crash can appear twice.
 
 A batch is in trackio's store when ``export`` returns: it writes the run's queue with
 ``Run._flush_queues_inline`` (private; trackio is pinned, 0.43.0) instead of waiting for
@@ -113,6 +114,26 @@ def _step(record: TrajectoryRecord) -> int | None:
         return None
 
 
+def _own_run(config: TraceConfig) -> Any:
+    """A new run, started in a copy of the caller's context: the caller's current trackio run
+    (another project's, say the training metrics') is neither finished by ``trackio.init``
+    nor replaced as the current run."""
+    import contextvars
+
+    import trackio
+    from trackio import context_vars
+
+    def start() -> Any:
+        context_vars.current_run.set(None)
+        return trackio.init(
+            project=config.project_name,
+            name=config.experiment_name,
+            config={"framework": "verl"},
+        )
+
+    return contextvars.copy_context().run(start)
+
+
 class TrackioExporter:
     name = "trackio"
 
@@ -122,17 +143,9 @@ class TrackioExporter:
 
         self.config = config
         self._trace = trackio.Trace
-        current = context_vars.current_run.get()
-        self._owns_run = current is None
-        self.run = (
-            current
-            if current is not None
-            else trackio.init(
-                project=config.project_name,
-                name=config.experiment_name,
-                config={"framework": "verl"},
-            )
-        )
+        current: Any = context_vars.current_run.get()
+        self._owns_run = current is None or current.project != config.project_name
+        self.run: Any = _own_run(config) if self._owns_run else current
         self.destination = f"trackio:{self.run.project}/{self.run.name}"  # names the spool
         self._lock = threading.Lock()
         self._logged: collections.OrderedDict[str, None] = collections.OrderedDict()
