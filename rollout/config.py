@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from tracer.config import did_you_mean
+
 DEFAULT_CONFIG = "rollout.yaml"
 
 
@@ -63,7 +65,8 @@ def apply_override(config: dict[str, Any], override: str) -> None:
             if not add:
                 valid = ", ".join(sorted(node)) or "(none)"
                 raise ConfigKeyError(
-                    f"unknown config key {'.'.join(parts[: depth + 1])!r}; valid keys at "
+                    f"unknown config key {'.'.join(parts[: depth + 1])!r}"
+                    f"{did_you_mean(part, node)}; valid keys at "
                     f"{where}: {valid} (use +{key.lstrip('+')}=... to add a new key)"
                 )
             node[part] = _parse_value(raw) if last else {}

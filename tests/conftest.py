@@ -78,3 +78,26 @@ def weave_server() -> Iterator[Any]:
     finally:
         weave_backend.set_server_factory(None)
         tracer.reset()
+
+
+@pytest.fixture
+def trackio_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """trackio's local store (its sqlite files) under tmp_path, nothing sent anywhere.
+    trackio reads TRACKIO_DIR once, at import, so its module constants are patched too."""
+    pytest.importorskip("trackio")
+    import trackio
+    import trackio.sqlite_storage
+    import trackio.utils
+
+    for var in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "trackio"
+    monkeypatch.setenv("TRACKIO_DIR", str(path))
+    monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", path)
+    monkeypatch.setattr(trackio.utils, "MEDIA_DIR", path / "media")
+    monkeypatch.setattr(trackio.utils, "ARTIFACTS_DIR", path / "artifacts")
+    monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", path)
+    monkeypatch.setattr(trackio, "TRACKIO_DIR", path)
+    yield path
+    tracer.reset()  # finishes a run the trackio backend started
+    trackio.context_vars.current_run.set(None)  # the run trackio.init made current here

@@ -438,10 +438,11 @@ def test_verl_compatible_api_runs_verl_style_code():
     [rec] = mem.records
     assert rec.name == "rollout_trace" and (rec.step, rec.sample_index, rec.rollout_n) == (2, 4, 1)
     assert rec.validate is True
-    assert [(s.name, s.kind) for s in rec.spans] == [
+    # qualified names, as verl (a class defined in a function: "<locals>." in between)
+    assert [(s.name.rsplit("<locals>.", 1)[-1], s.kind) for s in rec.spans] == [
         ("rollout_trace", "trajectory"),
-        ("run", "trajectory"),
-        ("generate_sequences", "generate"),
+        ("ToolAgentLoop.run", "trajectory"),
+        ("ToolAgentLoop.generate_sequences", "generate"),
     ]
     assert rec.spans[1].inputs == {
         "sampling_params": {"temperature": 1.0},

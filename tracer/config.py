@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +130,10 @@ class TraceConfig:
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
-            raise ConfigError(f"unknown trace config key(s) {unknown}; valid keys: {sorted(valid)}")
+            hints = "".join(did_you_mean(key, valid) for key in unknown)
+            raise ConfigError(
+                f"unknown trace config key(s) {unknown}; valid keys: {sorted(valid)}{hints}"
+            )
         return cls(**dict(data))
 
     @classmethod
@@ -145,6 +149,20 @@ class TraceConfig:
         raise ConfigError(f"config must be a TraceConfig or a mapping, got {type(config).__name__}")
 
 
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """``" (did you mean `x`?)"`` for the closest valid name, or ``""`` when none is close.
+    A name contained in exactly one valid name wins (a tutorial's ``max_samples`` means
+    ``max_samples_per_step_per_worker``, not the closer-spelled ``max_spool_bytes``); else
+    difflib's closest match."""
+    choices = sorted(valid)
+    lowered = name.lower()
+    contained = [c for c in choices if len(lowered) >= 3 and lowered in c.lower()]
+    match = contained if len(contained) == 1 else []
+    if not match:
+        match = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f" (did you mean `{match[0]}`?)" if match else ""
+
+
 def _normalize_backends(backend: Any) -> list[str]:
     from tracer.backends import available_backends
 
@@ -156,11 +174,15 @@ def _normalize_backends(backend: Any) -> list[str]:
         names = [str(b).strip() for b in backend]
     else:
         raise ConfigError(f"backend must be a name or a list of names, got {backend!r}")
-    names = [n.lower() for n in names if n and n.lower() not in ("none", "null", "off")]
+    # "dummy" is verl's name for a backend that traces nothing
+    names = [n.lower() for n in names if n and n.lower() not in ("none", "null", "off", "dummy")]
     valid = available_backends()
     bad = [n for n in names if n not in valid]
     if bad:
-        raise ConfigError(f"unknown trace backend(s) {bad}; valid backends: {sorted(valid)}")
+        raise ConfigError(
+            f"unknown trace backend(s) {bad}; valid backends: {sorted(valid)} "
+            f"(or None / 'dummy': tracing off){did_you_mean(bad[0], valid)}"
+        )
     seen: list[str] = []
     for n in names:
         if n not in seen:

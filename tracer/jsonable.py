@@ -17,11 +17,14 @@ MAX_DEPTH = 24
 
 
 class Limits:
-    __slots__ = ("max_chars", "max_items")
+    __slots__ = ("max_chars", "max_items", "type_keys")
 
-    def __init__(self, max_chars: int, max_items: int) -> None:
+    def __init__(self, max_chars: int, max_items: int, type_keys: bool = True) -> None:
         self.max_chars = max_chars
         self.max_items = max_items
+        # objects (dataclasses, pydantic models) rendered with a "__type__" key naming their
+        # class; off for verl-style trajectories (verl writes a model as its model_dump())
+        self.type_keys = type_keys
 
 
 def truncation_marker(original: int, kept: int, unit: str) -> str:
@@ -91,7 +94,7 @@ def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None 
             if not x.fields and x.obj is not None:
                 return safe_repr(x.obj, limits)
             out = to_jsonable(x.fields, limits, _depth, _path)
-            if isinstance(out, dict) and x.type_name not in ("dict",):
+            if isinstance(out, dict) and limits.type_keys and x.type_name not in ("dict",):
                 out = {"__type__": x.type_name, **out}
             return out
         if t is bytes or t is bytearray:
@@ -150,7 +153,8 @@ def _render_object(x: Any, limits: Limits, depth: int, path: set[int]) -> Any:
         return to_jsonable(t.tolist(), limits, depth, path)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         fields = {f.name: getattr(x, f.name, None) for f in dataclasses.fields(x)}
-        return {"__type__": type(x).__qualname__, **to_jsonable(fields, limits, depth, path)}
+        rendered = to_jsonable(fields, limits, depth, path)
+        return {"__type__": type(x).__qualname__, **rendered} if limits.type_keys else rendered
     dump = getattr(x, "model_dump", None)
     if callable(dump) and not isinstance(x, type):
         return to_jsonable(dump(), limits, depth, path)

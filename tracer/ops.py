@@ -225,8 +225,14 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
             inputs, nbytes = snapshot_args((), (), bound, max_items)
     except Exception as exc:  # arguments that do not bind: record, never fail the call
         inputs, nbytes = {"__bind_error__": f"{type(exc).__name__}: {exc}"}, 64
+    if op.defaults and "__bind_error__" not in inputs:
+        for pname, default in op.defaults:
+            if pname not in inputs:
+                inputs[pname] = snapshot(default, max_items)[0]
     span = _Span(op.name, op.kind, frame.span_id, inputs)
-    if op.kind == "generate" and op.is_method and args and tracer.config.token2text:
+    if op.on_begin is not None:
+        op.on_begin(span, args, tracer)
+    elif op.kind == "generate" and op.is_method and args and tracer.config.token2text:
         span.tokenizer = getattr(args[0], "tokenizer", None)
     traj.nbytes += nbytes + 256
     traj.spans.append(span)
@@ -248,7 +254,16 @@ def _fail(span: _Span, exc: BaseException) -> None:
 
 
 class _OpInfo:
-    __slots__ = ("fast_names", "is_method", "kind", "name", "signature", "skip")
+    __slots__ = (
+        "defaults",
+        "fast_names",
+        "is_method",
+        "kind",
+        "name",
+        "on_begin",
+        "signature",
+        "skip",
+    )
 
     def __init__(self, fn: Callable[..., Any], kind: str, name: str | None) -> None:
         if kind not in KINDS:
@@ -261,6 +276,11 @@ class _OpInfo:
         self.skip = frozenset({params[0].name}) if self.is_method else frozenset()
         simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
         self.fast_names = tuple(p.name for p in params) if simple else None
+        # Set by the verl shim (tracer.verl_compat), empty/None for native ops: parameters
+        # recorded with their default when the call leaves them out, and a hook that runs
+        # when the span opens (it sees the call's arguments, e.g. ``self.tokenizer``).
+        self.defaults: tuple[tuple[str, Any], ...] = ()
+        self.on_begin: Callable[[_Span, tuple[Any, ...], Any], None] | None = None
 
 
 def trace_op(kind: str = "other", name: str | None = None) -> Callable[[F], F]:

@@ -3,12 +3,13 @@ JSON-able)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import traceback
 from typing import TYPE_CHECKING, Any
 
 from tracer.jsonable import Limits, safe_repr, to_jsonable, truncation_marker
-from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
 from tracer.snapshot import ObjectSnapshot, Truncated
 
 if TYPE_CHECKING:
@@ -21,7 +22,9 @@ _REWARD_KEYS = ("reward", "score", "reward_score", "acc")
 
 
 def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> TrajectoryRecord:
-    limits = Limits(config.max_field_chars, config.max_list_items)
+    verl = is_verl_style(traj.attributes)
+    # verl's backends write objects as their fields (pydantic's model_dump), without a type key
+    limits = Limits(config.max_field_chars, config.max_list_items, type_keys=not verl)
     root = traj.root
     reward: float | None = None
     spans: list[SpanRecord] = []
@@ -33,7 +36,9 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
             attrs["unfinished"] = True
         inputs = to_jsonable(span.inputs, limits) if span.inputs is not None else None
         outputs = to_jsonable(span.outputs, limits) if span.outputs is not None else None
-        if config.token2text:
+        if config.token2text and verl:
+            _verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
+        elif config.token2text:
             _token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer, limits)
         if span.kind == "reward" and span.error is None:
             value = _reward_value(span.outputs)
@@ -214,15 +219,64 @@ def decode_ids(tokenizer: Any, raw_ids: Any) -> tuple[str, int]:
             run.append(i)
             continue
         if run:
-            parts.append(tokenizer.decode(run, skip_special_tokens=False))
+            parts.append(_decode(tokenizer, run))
             run = []
         parts.append(f"<invalid token id {i!r}>")
     if run:
-        parts.append(tokenizer.decode(run, skip_special_tokens=False))
+        parts.append(_decode(tokenizer, run))
     text = "".join(parts)
     if original > len(ids):
         text += truncation_marker(original, len(ids), "token ids")
     return text, original
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    """``decode(ids, skip_special_tokens=False)`` (special tokens are part of what the model
+    saw), or ``decode(ids)`` for a tokenizer whose ``decode`` has no such argument."""
+    try:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+    except TypeError:
+        if _takes_skip_special_tokens(tokenizer.decode):
+            raise  # a TypeError from inside decode itself
+        return str(tokenizer.decode(ids))
+
+
+def _takes_skip_special_tokens(decode: Any) -> bool:
+    try:
+        params = inspect.signature(decode).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "skip_special_tokens" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _verl_token2text(
+    span: _Span, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
+) -> None:
+    """As verl's tracer: the prompt (the output's ``prompt_ids``, else the input's) and the
+    response (the output's ``response_ids``, else ``token_ids``) decoded into the span's
+    outputs as ``prompt_text`` / ``response_text``; also kept as attributes (turns table)."""
+    if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
+        return  # verl skips ops whose object has no tokenizer
+    inputs = span.inputs if isinstance(span.inputs, dict) else {}
+    prompt = _find_field(span.outputs, "prompt_ids")
+    if prompt is None:
+        prompt = inputs.get("prompt_ids")
+    response = _find_field(span.outputs, "response_ids")
+    if response is None:
+        response = _find_field(span.outputs, "token_ids")
+    for label, ids in (("prompt", prompt), ("response", response)):
+        if ids is None:
+            continue
+        try:
+            text, count = decode_ids(tokenizer, ids)
+        except Exception as exc:
+            attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
+            continue
+        text = to_jsonable(text, limits)
+        attrs[f"{label}_text"] = text
+        attrs[f"{label}_tokens"] = count
+        if isinstance(outputs, dict):
+            outputs[f"{label}_text"] = text
 
 
 def _token2text(

@@ -29,6 +29,16 @@ KINDS: dict[str, str] = {
     "other": "UNKNOWN",
 }
 
+# Trajectory attribute naming the API that opened a trajectory when it is not the native one:
+# "verl" (tracer.verl_compat.rollout_trace_attr) or "verl-op" (a verl op called outside any
+# trajectory: the op is the root span). Verl-style trajectories are written as verl writes
+# them: the ``validate`` tag is 'True'/'False', token2text text goes into the outputs.
+STYLE_KEY = "rollout_tracer.style"
+
+
+def is_verl_style(attributes: dict[str, Any]) -> bool:
+    return str(attributes.get(STYLE_KEY, "")).startswith("verl")
+
 
 @dataclass
 class SpanRecord:
@@ -81,7 +91,11 @@ class TrajectoryRecord:
             "step": "" if self.step is None else str(self.step),
             "sample_index": "" if self.sample_index is None else str(self.sample_index),
             "rollout_n": "" if self.rollout_n is None else str(self.rollout_n),
-            "validate": str(bool(self.validate)).lower(),
+            "validate": (
+                str(bool(self.validate))  # verl: str(validate)
+                if is_verl_style(self.attributes)
+                else str(bool(self.validate)).lower()
+            ),
             "experiment_name": self.experiment_name,
             "worker_id": self.worker_id,
         }

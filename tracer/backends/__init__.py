@@ -18,6 +18,7 @@ _BUILTIN: dict[str, Any] = {
     "jsonl": "tracer.backends.jsonl_backend:JsonlExporter",
     "otlp": "tracer.backends.otlp_backend:OtlpExporter",
     "weave": "tracer.backends.weave_backend:WeaveExporter",
+    "trackio": "tracer.backends.trackio_backend:TrackioExporter",
     "memory": "tracer.testing:InMemoryExporter",
 }
 

@@ -132,10 +132,25 @@ def turn_row(record: TrajectoryRecord, index: int, span: SpanRecord) -> Row:
 
 def _tool_arguments(inputs: Any) -> Any:
     if isinstance(inputs, dict):
-        if "arguments" in inputs:
-            return inputs["arguments"]
+        for key in ("arguments", "parameters"):  # parameters: verl's BaseTool.execute
+            if key in inputs:
+                return inputs[key]
         return {k: v for k, v in inputs.items() if k not in ("self", "name", "tool_name")}
     return inputs
+
+
+def _tool_result(outputs: Any) -> Any:
+    if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict):
+        # verl's BaseTool.execute returns (ToolResponse, reward, metrics)
+        text = _field(outputs[0], "text")
+        if text is not None:
+            return text
+    if isinstance(outputs, dict):
+        result = _field(outputs, "content", "result", "output")
+        if result is None:
+            result = {k: v for k, v in outputs.items() if k != "__type__"}
+        return result
+    return outputs
 
 
 def tool_row(record: TrajectoryRecord, index: int, turn_index: int, span: SpanRecord) -> Row:
@@ -143,11 +158,7 @@ def tool_row(record: TrajectoryRecord, index: int, turn_index: int, span: SpanRe
     error = _error_message(span)
     if error is None and isinstance(outputs, dict) and outputs.get("error") not in (None, ""):
         error = _text(outputs["error"])
-    result = outputs
-    if isinstance(outputs, dict):
-        result = _field(outputs, "content", "result", "output")
-        if result is None:
-            result = {k: v for k, v in outputs.items() if k != "__type__"}
+    result = _tool_result(outputs)
     name = span.attributes.get("tool_name") or _field(span.inputs, "name", "tool_name")
     return {
         "trace_id": record.trace_id,

@@ -83,7 +83,8 @@ def _filters(selection: Selection) -> list[str | None]:
     step)."""
     clauses = []
     if selection.validate is not None:
-        clauses.append(f"tags.validate = '{str(selection.validate).lower()}'")
+        # 'false' (native) or 'False' (verl's spelling, written by the verl shim)
+        clauses.append(f"tags.validate ILIKE '{str(selection.validate).lower()}'")
     if selection.steps is None:
         return [" AND ".join(clauses) or None]
     return [" AND ".join([f"tags.step = '{s}'", *clauses]) for s in selection.steps]
@@ -197,7 +198,7 @@ def mlflow_to_record(trace: Any, experiment: str) -> TrajectoryRecord:
         step=_parse_tag(tags.get("step")),
         sample_index=_parse_tag(tags.get("sample_index")),
         rollout_n=_parse_tag(tags.get("rollout_n")),
-        validate=tags.get("validate") == "true",
+        validate=str(tags.get("validate")).lower() == "true",
         worker_id=tags.get("worker_id", ""),
         start_ns=start_ns,
         end_ns=root.end_ns if root else start_ns,
