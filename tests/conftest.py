@@ -69,14 +69,14 @@ def weave_server() -> Iterator[Any]:
     be reached from here); it implements weave's trace-server interface and keeps what it got."""
     pytest.importorskip("weave")
     from tests._servers import InProcessWeaveServer
-    from tracer.backends import weave_backend
+    from tracer import weave_access
 
     server = InProcessWeaveServer()
-    weave_backend.set_server_factory(lambda config: server)
+    weave_access.set_server_factory(lambda config: server)
     try:
         yield server
     finally:
-        weave_backend.set_server_factory(None)
+        weave_access.set_server_factory(None)
         tracer.reset()
 
 

@@ -23,7 +23,7 @@ weave = pytest.importorskip("weave")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from rollout.cli import main  # noqa: E402
-from tracer.readers import TABLES, export, read_tables, sources  # noqa: E402
+from tracer.readers import TABLES, export, read_tables, weave_source  # noqa: E402
 
 PROJECT = "export-weave"
 ENTITY = "team"
@@ -101,7 +101,7 @@ def test_filters_and_paging(
         return query(req)
 
     monkeypatch.setattr(server, "calls_query_stream", spy)
-    monkeypatch.setattr(sources, "WEAVE_CALLS_PER_REQUEST", 7)  # a trace's calls span chunks
+    monkeypatch.setattr(weave_source, "WEAVE_CALLS_PER_REQUEST", 7)  # a trace's calls span chunks
     pages: list[int] = []
     # entity from WANDB_ENTITY; 5 trajectories a page: 12 train roots -> pages 5, 5, 2
     monkeypatch.setenv("WANDB_ENTITY", ENTITY)

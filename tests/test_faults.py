@@ -59,7 +59,7 @@ class FlakyMlflow(MlflowExporter):
 
     name = "flaky"
 
-    def export(self, batch: Any) -> ExportResult:
+    def export(self, batch: Any, *, replay: bool = False) -> ExportResult:
         with FAULTS.lock:
             FAULTS.in_export += 1
         try:
@@ -67,7 +67,7 @@ class FlakyMlflow(MlflowExporter):
                 FAULTS.release.wait(120)
             if FAULTS.down:
                 raise ConnectionError("injected: backend unreachable")
-            result = super().export(batch)
+            result = super().export(batch, replay=replay)
             if FAULTS.raise_after_store > 0:
                 FAULTS.raise_after_store -= 1
                 raise KeyError("injected: unexpected exception after the data was stored")

@@ -9,7 +9,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from tracer.backends import create_exporter
+from tracer import current
+from tracer.backends import check_backends, create_exporter
+from tracer.backends.base import Exporter, as_exporter
 from tracer.config import ConfigError, TraceConfig
 from tracer.sampling import Sampler
 
@@ -29,6 +31,7 @@ class Tracer:
             self.config = TraceConfig(backend=None)  # the default before init(): tracing off
         else:
             self.config = TraceConfig.coerce(config, **overrides)
+        check_backends(self.config.backends)  # a typo fails here, not at the first trajectory
         self.sampler = Sampler(
             self.config.max_samples_per_step_per_worker, self.config.sampling_seed
         )
@@ -58,7 +61,7 @@ class Tracer:
                     raise TracerInitError(msg) from exc
                 log.warning("%s; tracing goes on without it (on_backend_error='warn')", msg)
                 continue
-            factories.append(_Once(exporter, name, self.config))
+            factories.append(_ExporterSource(as_exporter(exporter), name, self.config))
         if not factories:
             return self
         self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
@@ -98,35 +101,37 @@ class Tracer:
         return self.pipeline.metrics() if self.pipeline is not None else {}
 
 
-class _Once:
-    """Exporter factory: the first call returns the exporter made at init (so its errors
-    surfaced there); later calls (in a forked child) build a fresh one."""
+class _ExporterSource:
+    """Hands the pipeline its exporter: the one made at init first (so its errors surfaced
+    there), a fresh one on later calls (in a forked child), in a child process when
+    ``export_in_subprocess`` is set."""
 
-    def __init__(self, exporter: Any, name: str, config: TraceConfig) -> None:
-        self.exporter: Any = exporter
+    def __init__(self, exporter: Exporter, name: str, config: TraceConfig) -> None:
+        self.exporter: Exporter | None = exporter
         self.name = name
         self.config = config
 
-    def __call__(self) -> Any:
+    def __call__(self) -> Exporter:
         exporter, self.exporter = self.exporter, None
         if exporter is None:
-            exporter = create_exporter(self.name, self.config)
-        if self.config.export_in_subprocess and getattr(exporter, "spoolable", True):
+            exporter = as_exporter(create_exporter(self.name, self.config))
+        if self.config.export_in_subprocess and exporter.spoolable:
             from tracer.backends.subprocess_proxy import SubprocessExporter
 
-            destination = str(getattr(exporter, "destination", self.name))
+            destination = exporter.spool_key
             exporter.shutdown()  # it proved the backend starts; the child makes its own
             return SubprocessExporter(self.name, self.config, destination)
         return exporter
 
 
 _lock = threading.Lock()
-_default = Tracer()
+current.tracer = Tracer()
 _atexit_registered = False
 
 
 def get_tracer() -> Tracer:
-    return _default
+    """The tracer that ``trace_attr``/``trace_op`` use now (disabled until ``init``)."""
+    return current.tracer  # type: ignore[no-any-return]
 
 
 def init(config: TraceConfig | Mapping[str, Any] | None = None, **overrides: Any) -> Tracer:
@@ -138,10 +143,10 @@ def init(config: TraceConfig | Mapping[str, Any] | None = None, **overrides: Any
 
         tracer.init({"backend": "mlflow", "project_name": "gsm8k", "token2text": True})
     """
-    global _default, _atexit_registered
+    global _atexit_registered
     new = Tracer(config if config is not None else {}, **overrides).start()
     with _lock:
-        old, _default = _default, new
+        old, current.tracer = current.tracer, new
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
@@ -154,34 +159,33 @@ def flush(timeout_s: float | None = None) -> bool:
     is down is probed until it answers or ``timeout_s`` (default ``export_timeout_s``) passes.
     True only when nothing is left waiting and nothing was lost since the previous flush; what
     is left stays in the spool, and ``metrics()`` says where each trajectory is."""
-    return _default.flush(timeout_s)
+    return get_tracer().flush(timeout_s)
 
 
 def shutdown(timeout_s: float | None = None) -> bool:
     """Flush (waiting at most ``timeout_s``, default ``shutdown_timeout_s``) and stop the
     background workers; tracing is off afterwards until ``init``. If a backend is still down,
     one line says how many trajectories wait in the spool and the command that exports them."""
-    return _default.shutdown(timeout_s)
+    return get_tracer().shutdown(timeout_s)
 
 
 def reset() -> None:
     """Shut down the default tracer and replace it with a disabled one (for tests)."""
-    global _default
     with _lock:
-        old, _default = _default, Tracer()
+        old, current.tracer = current.tracer, Tracer()
     old.shutdown()
 
 
 def register_tokenizer(tokenizer: Any) -> None:
     """Tokenizer for token2text when the traced object has no ``tokenizer`` attribute."""
-    _default.tokenizer = tokenizer
+    get_tracer().tokenizer = tokenizer
 
 
 def metrics() -> dict[str, Any]:
     """Counters to log beside training metrics: exported, dropped, queue depth, ..."""
-    return _default.metrics()
+    return get_tracer().metrics()
 
 
 def _shutdown_at_exit() -> None:
     with contextlib.suppress(Exception):  # interpreter teardown: nothing left to report to
-        _default.shutdown()
+        get_tracer().shutdown()

@@ -88,7 +88,7 @@ class ExportWorker:
         spool: BackendSpool | None,
     ) -> None:
         self.exporter = exporter
-        self.name = getattr(exporter, "name", type(exporter).__name__)
+        self.name = exporter.name
         self.config = config
         self.errors = errors
         self.spool = spool
@@ -293,7 +293,7 @@ class ExportWorker:
         delay = 0.25
         for attempt in range(retries + 1):
             try:
-                result = self._call(batch, replay)
+                result = self.exporter.export(batch, replay=replay)
             except Exception as exc:
                 result = ExportResult.FAILURE
                 key = f"export {self.name}"
@@ -312,16 +312,6 @@ class ExportWorker:
                 delay = min(delay * 2, 5.0)
         return ExportResult.FAILURE
 
-    def _call(self, batch: Sequence[TrajectoryRecord], replay: bool) -> ExportResult:
-        exporter = self.exporter
-        if replay and hasattr(exporter, "replaying"):
-            # exporters that skip idempotency lookups on a first export need to know
-            exporter.replaying = True
-            try:
-                return exporter.export(batch)
-            finally:
-                exporter.replaying = False
-        return exporter.export(batch)
 
     # control ----------------------------------------------------------------------------
     def outstanding(self, seq: int) -> bool:

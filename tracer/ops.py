@@ -16,88 +16,12 @@ from contextvars import ContextVar, Token
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
-from tracer.ids import new_span_id, new_trace_id
+import tracer.current as _current_tracer
 from tracer.record import KINDS
 from tracer.snapshot import snapshot, snapshot_args
+from tracer.trajectory import Span, Trajectory
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _Span:
-    __slots__ = (
-        "attributes",
-        "end_ns",
-        "error",
-        "inputs",
-        "kind",
-        "name",
-        "outputs",
-        "parent_id",
-        "span_id",
-        "start_ns",
-        "tokenizer",
-    )
-
-    def __init__(self, name: str, kind: str, parent_id: int | None, inputs: Any) -> None:
-        self.span_id = new_span_id()  # tracer/ids.py; formatted as hex off the hot path
-        self.parent_id = parent_id
-        self.name = name
-        self.kind = kind
-        self.inputs = inputs
-        self.outputs: Any = None
-        self.error: BaseException | None = None
-        self.attributes: dict[str, Any] | None = None
-        self.tokenizer: Any = None
-        self.end_ns = 0
-        self.start_ns = time.time_ns()
-
-    def set_attr(self, key: str, value: Any) -> None:
-        if self.attributes is None:
-            self.attributes = {}
-        self.attributes[key] = value
-
-
-class Trajectory:
-    """A trajectory being recorded. Only the tracer's own code touches its fields."""
-
-    __slots__ = (
-        "attributes",
-        "hot_ns",
-        "nbytes",
-        "policy_version",
-        "rollout_n",
-        "root",
-        "sample_index",
-        "spans",
-        "step",
-        "trace_id",
-        "tracer",
-        "validate",
-    )
-
-    def __init__(
-        self,
-        tracer: Any,
-        name: str,
-        step: Any,
-        sample_index: Any,
-        rollout_n: Any,
-        validate: bool,
-        policy_version: Any,
-        attributes: dict[str, Any],
-    ) -> None:
-        self.tracer = tracer
-        self.trace_id = f"{new_trace_id():032x}"
-        self.step = step
-        self.sample_index = sample_index
-        self.rollout_n = rollout_n
-        self.validate = validate
-        self.policy_version = policy_version
-        self.attributes = attributes
-        self.root = _Span(name, "trajectory", None, None)
-        self.spans: list[_Span] = [self.root]
-        self.nbytes = 512
-        self.hot_ns = 0  # time spent in the tracer's own hot-path code (a metric)
 
 
 class _Frame:
@@ -159,10 +83,8 @@ class trace_attr:
         self._traj: Trajectory | None = None
 
     def __enter__(self) -> Trajectory | None:
-        from tracer.core import get_tracer
-
         step, sample_index, rollout_n, validate, name, trace, policy_version, attrs = self.kwargs
-        tracer = get_tracer()
+        tracer = _current_tracer.tracer
         frame = _NOT_TRACED
         if not trace or _current.get() is _DISABLED:
             frame = _DISABLED
@@ -205,7 +127,7 @@ class trace_attr:
         self.__exit__(exc_type, exc, tb)
 
 
-def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Span:
+def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span:
     t0 = perf_counter_ns()
     traj = frame.traj
     assert traj is not None
@@ -229,7 +151,7 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
         for pname, default in op.defaults:
             if pname not in inputs:
                 inputs[pname] = snapshot(default, max_items)[0]
-    span = _Span(op.name, op.kind, frame.span_id, inputs)
+    span = Span(op.name, op.kind, frame.span_id, inputs)
     if op.on_begin is not None:
         op.on_begin(span, args, tracer)
     elif op.kind == "generate" and op.is_method and args and tracer.config.token2text:
@@ -240,7 +162,7 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
     return span
 
 
-def _finish(traj: Trajectory, span: _Span, result: Any) -> None:
+def _finish(traj: Trajectory, span: Span, result: Any) -> None:
     t0 = perf_counter_ns()
     span.end_ns = time.time_ns()
     span.outputs, nbytes = snapshot(result, traj.tracer.config.max_list_items)
@@ -248,7 +170,7 @@ def _finish(traj: Trajectory, span: _Span, result: Any) -> None:
     traj.hot_ns += perf_counter_ns() - t0
 
 
-def _fail(span: _Span, exc: BaseException) -> None:
+def _fail(span: Span, exc: BaseException) -> None:
     span.end_ns = time.time_ns()
     span.error = exc
 
@@ -280,7 +202,7 @@ class _OpInfo:
         # recorded with their default when the call leaves them out, and a hook that runs
         # when the span opens (it sees the call's arguments, e.g. ``self.tokenizer``).
         self.defaults: tuple[tuple[str, Any], ...] = ()
-        self.on_begin: Callable[[_Span, tuple[Any, ...], Any], None] | None = None
+        self.on_begin: Callable[[Span, tuple[Any, ...], Any], None] | None = None
 
 
 def trace_op(kind: str = "other", name: str | None = None) -> Callable[[F], F]:

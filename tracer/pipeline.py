@@ -31,18 +31,18 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tracer.backends.base import Exporter
+from tracer.backends.base import Exporter, as_exporter
 from tracer.errors import InternalErrors, log_every
 from tracer.export_worker import ExportWorker
-from tracer.process import build_record
 from tracer.record import TrajectoryRecord
+from tracer.record_builder import build_record
 from tracer.redact import Redactor
 from tracer.spool import BackendSpool, default_spool_dir, strip_credentials
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
-    from tracer.ops import Trajectory
     from tracer.sampling import Sampler
+    from tracer.trajectory import Trajectory
 
 log = logging.getLogger("tracer")
 
@@ -71,13 +71,14 @@ class Pipeline:
 
     def _worker(self, exporter: Exporter) -> ExportWorker:
         spool = None
-        if self.config.spool and getattr(exporter, "spoolable", True):
-            name = getattr(exporter, "name", type(exporter).__name__)
+        exporter = as_exporter(exporter)
+        if self.config.spool and exporter.spoolable:
+            name = exporter.name
             try:
                 spool = BackendSpool(
                     self.config.spool_dir or default_spool_dir(),
                     name,
-                    str(getattr(exporter, "destination", name)),
+                    exporter.spool_key,
                     self.config,
                     self.config.max_spool_bytes,
                 )
@@ -334,7 +335,7 @@ class Pipeline:
         return ok
 
     def _report_left(self, w: ExportWorker, on_disk: int, lost: int) -> None:
-        where = getattr(w.exporter, "destination", w.name)
+        where = w.exporter.spool_key
         parts = []
         if on_disk and w.spool is not None:
             spool_root = w.spool.dir.parent

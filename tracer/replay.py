@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracer.backends import create_exporter
-from tracer.backends.base import ExportResult
+from tracer.backends.base import ExportResult, as_exporter
 from tracer.config import TraceConfig
 from tracer.spool import BackendSpool, read_batch, spool_folders
 
@@ -48,11 +48,11 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
         try:
             config = TraceConfig.from_mapping(
                 {k: v for k, v in stored.items() if k in TraceConfig.__dataclass_fields__})
-            exporter = create_exporter(name, config)
+            exporter = as_exporter(create_exporter(name, config))
         except Exception as exc:
             result.failed[folder.name] = f"cannot start backend {name}: {exc}"
             continue
-        spool = BackendSpool(spool_dir, name, str(getattr(exporter, "destination", name)),
+        spool = BackendSpool(spool_dir, name, exporter.spool_key,
                              config, config.max_spool_bytes, folder=folder)
         done = 0
         try:
@@ -65,10 +65,9 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
                 except (OSError, ValueError) as exc:
                     result.failed[folder.name] = f"cannot read {path.name}: {exc}"
                     continue
-                if hasattr(exporter, "replaying"):
-                    exporter.replaying = True  # may already be stored: check before adding
-                try:
-                    ok = not records or exporter.export(records) is not ExportResult.FAILURE
+                try:  # replay=True: it may be stored already, check before adding
+                    ok = not records or (
+                        exporter.export(records, replay=True) is not ExportResult.FAILURE)
                 except Exception as exc:
                     ok = False
                     result.failed[folder.name] = f"{type(exc).__name__}: {exc}"

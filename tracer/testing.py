@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tracer.backends.base import ExportResult
+from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord
 
@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - pytest is optional for the library
     pytest = None  # type: ignore[assignment]
 
 
-class InMemoryExporter:
+class InMemoryExporter(Exporter):
     """Keeps every exported record in a list; backend name ``memory``."""
 
     name = "memory"
@@ -39,7 +39,9 @@ class InMemoryExporter:
         self._lock = threading.Lock()
         InMemoryExporter._instances.append(self)
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
         with self._lock:
             seen = {r.trace_id for r in self.records}
             self.records.extend(r for r in batch if r.trace_id not in seen)

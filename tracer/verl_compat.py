@@ -30,8 +30,9 @@ from tracer.config import ConfigError
 from tracer.core import Tracer, get_tracer
 from tracer.core import init as _init_tracer
 from tracer.core import reset as _reset_tracer
-from tracer.ops import _current, _OpInfo, _Span, trace_attr, trace_op
+from tracer.ops import _current, _OpInfo, trace_attr, trace_op
 from tracer.record import STYLE_KEY
+from tracer.trajectory import Span
 
 
 class RolloutTraceConfig:
@@ -140,6 +141,13 @@ def _client(backend: str) -> Any:
 
         return trackio
     if backend == "weave":
+        # the exporter's own client: it is never installed as weave's global client (that
+        # one belongs to the user), so it is found on the pipeline's worker
+        pipeline = get_tracer().pipeline
+        for worker in pipeline.workers if pipeline is not None else ():
+            client = getattr(worker.exporter, "client", None)
+            if worker.name == "weave" and client is not None:
+                return client
         from weave.trace.context.weave_client_context import get_weave_client
 
         return get_weave_client()
@@ -230,11 +238,11 @@ def _defaults(op: _OpInfo) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
-def _on_begin(is_method: bool) -> Callable[[_Span, tuple[Any, ...], Any], None]:
+def _on_begin(is_method: bool) -> Callable[[Span, tuple[Any, ...], Any], None]:
     """verl decodes with the op's own ``self.tokenizer``; a tool span is named by ``self.name``
     (verl's ``BaseTool.name``), so the export's tool_calls table has the tool's name."""
 
-    def on_begin(span: _Span, args: tuple[Any, ...], tracer: Any) -> None:
+    def on_begin(span: Span, args: tuple[Any, ...], tracer: Any) -> None:
         if not is_method or not args:
             return
         obj = args[0]

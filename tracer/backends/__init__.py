@@ -39,7 +39,21 @@ def available_backends() -> dict[str, Any]:
     return names
 
 
+def check_backends(names: list[str]) -> None:
+    """Raise ``ConfigError`` naming the valid backends (and the closest one) for a typo."""
+    from tracer.config import ConfigError, did_you_mean
+
+    valid = available_backends()
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ConfigError(
+            f"unknown trace backend(s) {bad}; valid backends: {sorted(valid)} "
+            f"(or None / 'dummy': tracing off){did_you_mean(bad[0], valid)}"
+        )
+
+
 def create_exporter(name: str, config: TraceConfig) -> Exporter:
+    check_backends([name])
     target = available_backends()[name]
     if callable(target):
         return target(config)  # type: ignore[no-any-return]

@@ -1,13 +1,32 @@
-"""The exporter interface every backend implements: small on purpose (as in the OTel SDK)."""
+"""The exporter interface every backend implements: small on purpose (as in the OTel SDK).
+
+Everything the pipeline asks of a backend is declared here once, with its default:
+
+- ``name``: the backend's name (metrics ``tracer/<name>/...``, spool folder ``<name>-<hash>``);
+- ``destination``: where it writes, without credentials (``""`` = ``name``); it names the
+  spool folder, so two destinations of one backend never share batches;
+- ``spoolable``: whether its batches may wait in the spool and be replayed by another process
+  (False for an in-memory backend);
+- ``export(batch, *, replay=False)``: store a batch, idempotently per ``trace_id``. ``replay``
+  is True when the batch may already be stored in part (a retry after a failure, a replay of
+  the spool): the backend then checks before adding what it cannot upsert. Expected failures
+  return ``FAILURE`` (retried, then spooled) or ``REJECTED`` (never retried; counted as lost);
+  an unexpected exception counts as ``FAILURE``;
+- ``force_flush(timeout_s)`` and ``shutdown(timeout_s)``.
+
+The pipeline calls one exporter from one thread at a time, never concurrently.
+``register_backend`` also accepts any object with ``export(batch)``: ``as_exporter`` adapts
+it to this interface (the only place where such an object's attributes are probed).
+"""
 
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tracer.config import TraceConfig
     from tracer.record import TrajectoryRecord
 
 
@@ -17,23 +36,61 @@ class ExportResult(enum.Enum):
     REJECTED = "rejected"  # never retryable (the backend refuses this data): counted as lost
 
 
-@runtime_checkable
-class Exporter(Protocol):
-    """Receives batches of finished trajectories on its own background thread.
+class Exporter:
+    """Base class of every backend; see the module docstring for each member's contract."""
 
-    ``export`` must be idempotent per ``trace_id`` (a batch may be retried or replayed) and
-    must not raise for expected failures: return ``ExportResult.FAILURE`` instead. An
-    unexpected exception is treated as FAILURE.
-    """
+    name: str = "exporter"
+    destination: str = ""
+    spoolable: bool = True
 
-    name: str
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
+        raise NotImplementedError
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult: ...
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        return True
 
-    def force_flush(self, timeout_s: float = 30.0) -> bool: ...
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        return None
 
-    def shutdown(self, timeout_s: float = 30.0) -> None: ...
+    @property
+    def spool_key(self) -> str:
+        """What names this backend's spool folder: its destination, else its name."""
+        return self.destination or self.name
 
 
-class ExporterFactory(Protocol):
-    def __call__(self, config: TraceConfig) -> Exporter: ...
+def as_exporter(obj: Any) -> Exporter:
+    """``obj`` itself when it is an ``Exporter``, else an adapter with the defaults above."""
+    return obj if isinstance(obj, Exporter) else _Adapted(obj)
+
+
+class _Adapted(Exporter):
+    """A duck-typed exporter (``register_backend`` takes any object with ``export(batch)``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = str(getattr(inner, "name", type(inner).__name__))
+        self.destination = str(getattr(inner, "destination", "") or "")
+        self.spoolable = bool(getattr(inner, "spoolable", True))
+        try:
+            params = inspect.signature(inner.export).parameters
+            self._takes_replay = "replay" in params
+        except (TypeError, ValueError):
+            self._takes_replay = False
+
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
+        if self._takes_replay:
+            return self.inner.export(batch, replay=replay)  # type: ignore[no-any-return]
+        return self.inner.export(batch)  # type: ignore[no-any-return]
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        fn = getattr(self.inner, "force_flush", None)
+        return bool(fn(timeout_s)) if fn is not None else True
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        fn = getattr(self.inner, "shutdown", None)
+        if fn is not None:
+            fn(timeout_s)

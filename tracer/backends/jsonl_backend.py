@@ -40,7 +40,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from tracer.backends.base import ExportResult
+from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord, read_jsonl
 
@@ -55,7 +55,7 @@ def default_jsonl_path(config: TraceConfig) -> str:
     return os.path.join("traces", config.project_name, f"{config.experiment_name}.jsonl")
 
 
-class JsonlExporter:
+class JsonlExporter(Exporter):
     name = "jsonl"
 
     def __init__(self, config: TraceConfig) -> None:
@@ -65,7 +65,9 @@ class JsonlExporter:
         self._lock = threading.Lock()
         self._written: set[str] = set()
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
         lines = []
         ids: set[str] = set()
         with self._lock:

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tracer.backends.base import ExportResult
+from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord
@@ -45,9 +45,8 @@ def resolve_tracking_uri(config: TraceConfig) -> str:
     return f"sqlite:///{os.path.abspath('mlflow.db')}"
 
 
-class MlflowExporter:
+class MlflowExporter(Exporter):
     name = "mlflow"
-    replaying = False  # set by the export worker while it replays spooled batches
 
     def __init__(self, config: TraceConfig) -> None:
         import mlflow  # noqa: F401  (ImportError -> "pip install rollout-tracer[mlflow]")
@@ -79,7 +78,9 @@ class MlflowExporter:
                 raise
             return str(exp.experiment_id)
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
         spans = [s for record in batch for s in to_mlflow_spans(record)]
         if self.is_server:
             self._post_spans(spans)
@@ -97,7 +98,7 @@ class MlflowExporter:
                         "--workers 1) and set tracking_uri=http://HOST:5000.",
                         self.tracking_uri, self.tracking_uri)
                 raise
-        self._log_rewards(batch)
+        self._log_rewards(batch, replay)
         if self.config.mlflow_run_id:
             self._link_to_run([mlflow_trace_id(r.trace_id) for r in batch])
         return ExportResult.SUCCESS
@@ -141,7 +142,7 @@ class MlflowExporter:
         )
         verify_rest_response(response, OTLP_TRACES_PATH)
 
-    def _log_rewards(self, batch: Sequence[TrajectoryRecord]) -> None:
+    def _log_rewards(self, batch: Sequence[TrajectoryRecord], replay: bool) -> None:
         """One ``reward`` feedback per trace, skipped where a replay finds it already there."""
         from mlflow.entities import AssessmentSource, Feedback
 
@@ -151,7 +152,7 @@ class MlflowExporter:
             trace_id = mlflow_trace_id(record.trace_id)
             # Only a trace that may already have its reward (a retried or replayed batch) pays
             # for the lookup; a first export does not (it was 5 ms of 11 per trajectory).
-            maybe_there = self.replaying or record.trace_id in self._attempted
+            maybe_there = replay or record.trace_id in self._attempted
             self._attempted.add(record.trace_id)
             if maybe_there and REWARD_ASSESSMENT in self._assessment_names(trace_id):
                 continue

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from tracer.backends.base import ExportResult
+from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import encode_otlp, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord
@@ -59,7 +59,7 @@ def to_otel_spans(record: TrajectoryRecord, resource: Any = None) -> list[Any]:
     return to_readable_spans(record, semconv=True, encode=encode_otlp, resource=resource)
 
 
-class OtlpExporter:
+class OtlpExporter(Exporter):
     name = "otlp"
 
     def __init__(self, config: TraceConfig, span_exporter: Any = None) -> None:
@@ -94,7 +94,9 @@ class OtlpExporter:
         self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._failures = 0
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         with self._lock:

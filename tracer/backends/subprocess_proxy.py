@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Any
 
-from tracer.backends.base import ExportResult
+from tracer.backends.base import Exporter, ExportResult, as_exporter
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord
 
@@ -34,10 +34,8 @@ def picklable(config: TraceConfig) -> TraceConfig:
     return dataclasses.replace(config, redact_callback=None)
 
 
-class SubprocessExporter:
+class SubprocessExporter(Exporter):
     """An Exporter that forwards ``export`` to the same backend in a child process."""
-
-    replaying = False
 
     def __init__(self, name: str, config: TraceConfig, destination: str) -> None:
         self.name = name
@@ -74,20 +72,25 @@ class SubprocessExporter:
             self._stop(kill=True)
             raise RuntimeError(f"export process for {self.name} failed to start: {detail}")
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
         with self._lock:
             try:
                 if self._proc is None or self._proc.poll() is not None:
                     self._start()
-                status, detail = self._call((list(batch), self.replaying),
+                status, detail = self._call((list(batch), replay),
                                             self.config.export_timeout_s * 4 + 30)
             except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
                 self._stop(kill=True)
                 raise RuntimeError(f"export process for {self.name} died: {exc}") from exc
-        if status != "ok" and detail:
+        if status != ExportResult.SUCCESS.value and detail:
             log.warning("rollout-tracer: export to %s (in its process) failed: %s",
                         self.name, detail)
-        return ExportResult.SUCCESS if status == "ok" else ExportResult.FAILURE
+        try:
+            return ExportResult(status)
+        except ValueError:
+            return ExportResult.FAILURE
 
     def _stop(self, kill: bool = False, timeout_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
@@ -125,7 +128,7 @@ def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
 
     name, config = pickle.load(inp)
     try:
-        exporter = create_exporter(name, config)
+        exporter = as_exporter(create_exporter(name, config))
     except Exception as exc:
         answer(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -137,14 +140,11 @@ def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
             break
         if message is None:
             break
-        batch, replaying = message
-        if hasattr(exporter, "replaying"):
-            exporter.replaying = replaying
+        batch, replay = message
         try:
-            ok = exporter.export(batch) is ExportResult.SUCCESS
-            answer(("ok" if ok else "failure", None))
+            answer((exporter.export(batch, replay=replay).value, None))
         except Exception as exc:
-            answer(("failure", f"{type(exc).__name__}: {exc}"))
+            answer((ExportResult.FAILURE.value, f"{type(exc).__name__}: {exc}"))
     exporter.shutdown()
 
 

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from tracer.backends.base import ExportResult
+from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
 from tracer.record import STYLE_KEY, SpanRecord, TrajectoryRecord
 
@@ -134,7 +134,7 @@ def _own_run(config: TraceConfig) -> Any:
     return contextvars.copy_context().run(start)
 
 
-class TrackioExporter:
+class TrackioExporter(Exporter):
     name = "trackio"
 
     def __init__(self, config: TraceConfig) -> None:
@@ -150,7 +150,9 @@ class TrackioExporter:
         self._lock = threading.Lock()
         self._logged: collections.OrderedDict[str, None] = collections.OrderedDict()
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
         with self._lock:
             todo = [r for r in batch if r.trace_id not in self._logged]
         for record in todo:

@@ -22,7 +22,8 @@ Connection: project ``config.project_name``, entity ``config.weave_entity`` (els
 ``WANDB_ENTITY``, else the account's default entity). The W&B cloud (or the server at
 ``WF_TRACE_SERVER_URL``) needs ``WANDB_API_KEY``; a missing key or an unreachable server raises
 at init. If the process already has a global Weave client for the same project (the user called
-``weave.init``), it is reused. Tests inject a trace server with :func:`set_server_factory`.
+``weave.init``), it is reused. Tests inject a trace server with
+``tracer.weave_access.set_server_factory``.
 
 Weave's global client is the user's: the exporter never installs its client for the run, never
 replaces or removes the user's. It calls its own client directly, which works whatever the global
@@ -41,13 +42,13 @@ import collections
 import contextlib
 import datetime
 import logging
-import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tracer.backends.base import ExportResult
+from tracer import weave_access
+from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import root_inputs, root_outputs
 from tracer.config import TraceConfig
 from tracer.record import SpanRecord, TrajectoryRecord
@@ -57,16 +58,6 @@ log = logging.getLogger("tracer")
 MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-sending a replayed batch
 
 # config -> an object implementing weave's TraceServerClientInterface (tests: in-process)
-_server_factory: Callable[[TraceConfig], Any] | None = None
-
-
-def set_server_factory(factory: Callable[[TraceConfig], Any] | None) -> None:
-    """Make every new WeaveExporter talk to ``factory(config)`` instead of the W&B cloud
-    (``None`` restores the default). For tests and self-hosted in-process servers."""
-    global _server_factory
-    _server_factory = factory
-
-
 def call_id(record: TrajectoryRecord, span: SpanRecord) -> str:
     """Deterministic Weave call id: the trace id for the root, trace prefix + span id below."""
     if span.parent_id is None:
@@ -76,10 +67,6 @@ def call_id(record: TrajectoryRecord, span: SpanRecord) -> str:
 
 def _time(ns: int) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
-
-
-def _entity(config: TraceConfig, fallback: str | None) -> str | None:
-    return config.weave_entity or os.environ.get("WANDB_ENTITY") or fallback
 
 
 def connect(config: TraceConfig) -> Any:
@@ -105,7 +92,7 @@ def connect(config: TraceConfig) -> Any:
             f"Weave trace server {url} is not reachable ({type(exc).__name__}: {exc}); check "
             "WF_TRACE_SERVER_URL, the network and WANDB_API_KEY"
         ) from exc
-    entity = _entity(config, None)
+    entity = weave_access.resolve_entity(config, None)
     if entity is None:
         entity, _ = get_entity_project_from_project_name(config.project_name)
     return WeaveClient(entity, config.project_name, server, ensure_project_exists=True)
@@ -115,9 +102,10 @@ def _make_client(config: TraceConfig) -> Any:
     from weave.trace.context.weave_client_context import get_weave_client
     from weave.trace.weave_client import WeaveClient
 
-    if _server_factory is not None:
-        server = _server_factory(config)
-        entity = _entity(config, "rollout-tracer") or "rollout-tracer"
+    factory = weave_access.server_factory()
+    if factory is not None:
+        server = factory(config)
+        entity = weave_access.resolve_entity(config, "rollout-tracer") or "rollout-tracer"
         return WeaveClient(entity, config.project_name, server, ensure_project_exists=False)
     current = get_weave_client()
     if (
@@ -170,7 +158,7 @@ def _exception(error: dict[str, Any] | None) -> BaseException:
     return cls(str(error.get("message", "")))
 
 
-class WeaveExporter:
+class WeaveExporter(Exporter):
     name = "weave"
 
     def __init__(self, config: TraceConfig, client: Any = None) -> None:
@@ -182,7 +170,9 @@ class WeaveExporter:
         self._lock = threading.Lock()
         self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
 
-    def export(self, batch: Sequence[TrajectoryRecord]) -> ExportResult:
+    def export(
+        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
+    ) -> ExportResult:
         from weave.trace.settings import override_settings
 
         with self._lock:

@@ -14,7 +14,7 @@ from tracer.snapshot import ObjectSnapshot, Truncated
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
-    from tracer.ops import Trajectory, _Span
+    from tracer.trajectory import Span, Trajectory
 
 _PROMPT_FIELDS = ("prompt_ids", "input_ids")
 _RESPONSE_FIELDS = ("response_ids", "output_ids", "token_ids")
@@ -137,7 +137,7 @@ def _find_field(value: Any, name: str) -> Any:
     return None
 
 
-def _tool_name(span: _Span) -> str:
+def _tool_name(span: Span) -> str:
     inputs = span.inputs if isinstance(span.inputs, dict) else {}
     for key in ("name", "tool_name", "tool"):
         value = inputs.get(key)
@@ -250,7 +250,7 @@ def _takes_skip_special_tokens(decode: Any) -> bool:
 
 
 def _verl_token2text(
-    span: _Span, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
+    span: Span, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
 ) -> None:
     """As verl's tracer: the prompt (the output's ``prompt_ids``, else the input's) and the
     response (the output's ``response_ids``, else ``token_ids``) decoded into the span's
@@ -280,7 +280,7 @@ def _verl_token2text(
 
 
 def _token2text(
-    span: _Span, inputs: Any, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
+    span: Span, inputs: Any, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
 ) -> None:
     found = [
         ("prompt", _collect_ids(span.inputs, (*_PROMPT_FIELDS, "token_ids")), inputs),

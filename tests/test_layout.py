@@ -1,0 +1,134 @@
+"""The house is one-way: no import cycle inside tracer/, tracer never imports rollout, readers
+never import a backend, only the public API imports the hot path, and config is a leaf.
+
+Imports are read from the source with ``ast``, at any depth (a lazy import inside a function
+is still an arrow), except under ``if TYPE_CHECKING:``, which never runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLIC_API = {"tracer", "tracer.verl_compat", "tracer.testing"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, package: str) -> set[str]:
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the package
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            # `from tracer import current` imports the module tracer.current; `from tracer.x
+            # import f` imports tracer.x: marked with "|" and resolved in import_graph
+            found.update(f"{module}|{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph(top: str) -> dict[str, set[str]]:
+    files = sorted((ROOT / top).rglob("*.py"))
+    modules = {_module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+        for target in _imports(ast.parse(path.read_text()), package):
+            module, _, attr = target.partition("|")
+            targets.add(f"{module}.{attr}" if f"{module}.{attr}" in modules else module)
+        graph[name] = {t for t in targets if t in modules and t != name}
+        graph[name] |= {t for t in targets if t.split(".")[0] != top and t.split(".")[0] in
+                        ("rollout", "benchmarks")}  # fmt: skip
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle_inside_tracer() -> None:
+    # the package itself (tracer/__init__) is the public API on top: edges *to* it from its
+    # own modules would be cycles too, so it stays in the graph
+    assert _cycles(import_graph("tracer")) == []
+
+
+def test_tracer_never_imports_rollout_or_benchmarks() -> None:
+    leaks = {m: sorted(t for t in ts if t.startswith(("rollout", "benchmarks")))
+             for m, ts in import_graph("tracer").items()}  # fmt: skip
+    assert {m: ts for m, ts in leaks.items() if ts} == {}
+
+
+def test_readers_never_import_a_backend() -> None:
+    graph = import_graph("tracer")
+    bad = {m: sorted(t for t in ts if t.startswith("tracer.backends"))
+           for m, ts in graph.items() if m.startswith("tracer.readers")}  # fmt: skip
+    assert {m: ts for m, ts in bad.items() if ts} == {}
+
+
+def test_only_the_public_api_imports_the_hot_path() -> None:
+    graph = import_graph("tracer")
+    importers = sorted(m for m, ts in graph.items() if "tracer.ops" in ts)
+    assert set(importers) <= PUBLIC_API, importers
+
+
+def test_config_and_the_trajectory_types_are_leaves() -> None:
+    graph = import_graph("tracer")
+    assert graph["tracer.config"] == set()
+    assert graph["tracer.current"] == set()
+    assert graph["tracer.trajectory"] <= {"tracer.ids"}
+
+
+def test_the_cycle_check_can_fail() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nimport y")
+    assert "x" not in _imports(tree, "pkg") and "y" in _imports(tree, "pkg")
+    graph = import_graph("tracer")
+    assert "tracer.current" in graph["tracer.core"] and "tracer" not in graph["tracer.core"]
