@@ -68,7 +68,8 @@ def test_quick_benchmarks_write_every_section(tmp_path: Path) -> None:
         assert re.search(rf"\| {mode} \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", tp), mode
     mem = _section(text, "## 4. Peak memory")
     assert re.search(r"peak RSS \| [\d.]+ MiB", mem)
-    assert re.search(r"held \(buffer \+ backend queue\) / dropped \| \d+ / \d+", mem)
+    held = r"held \(memory \+ spool\) / of those in the spool / dropped \| \d+ / \d+ / \d+"
+    assert re.search(held, mem)
     export = _section(text, "## 5. Export to Parquet")
     assert re.search(r"\| jsonl \| 1000 \| \d+ \| [\d.]+ \|", export), export
     targets = _section(text, "## Targets")
