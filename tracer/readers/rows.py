@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.tokens import LOGPROBS_ATTR, decode_floats
 
 Row = dict[str, Any]
 
@@ -82,7 +83,13 @@ def _count(value: Any) -> int | None:
     return len(value) if isinstance(value, list) else None
 
 
-def _logprobs(value: Any) -> list[float] | None:
+def _logprobs(span: SpanRecord) -> list[float] | None:
+    """The engine's log-probs of a generate span: the encoded attribute (tracer.tokens), else
+    a plain list in the outputs (traces written before the attribute existed)."""
+    encoded = decode_floats(span.attributes.get(LOGPROBS_ATTR))
+    if encoded is not None:
+        return encoded
+    value = _field(span.outputs, "logprobs")
     if not isinstance(value, list):
         return None
     out = [float(v) for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -124,7 +131,7 @@ def turn_row(record: TrajectoryRecord, index: int, span: SpanRecord) -> Row:
         "prompt_tokens": _int_or_none(prompt_tokens),
         "response_tokens": _int_or_none(response_tokens),
         "finish_reason": _text(attrs.get("finish_reason") or _field(outputs, "finish_reason")),
-        "logprobs": _logprobs(_field(outputs, "logprobs")),
+        "logprobs": _logprobs(span),
         "status": span.status,
         "error": _error_message(span),
     }
