@@ -172,3 +172,45 @@ def test_encoding_round_trips_float32() -> None:
     decoded = decode_floats(encode_floats(values))
     assert decoded is not None and decoded[:-1] == values[:-1] and np.isnan(decoded[-1])
     assert len(encode_floats([0.0] * 1000)) < 5400
+
+
+@pytest.mark.parametrize("source", ["mlflow", "jsonl"])
+def test_tokens_table_matches_counts_and_numpy_kl(
+    annotated: dict[str, Any], mlflow_uri: str, source: str
+) -> None:
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from tracer.readers import export
+
+    tmp, returned, values = annotated["tmp"], annotated["returned"], annotated["values"]
+    out = tmp / f"export-{source}"
+    kwargs: dict[str, Any] = (
+        {"experiment": PROJECT, "tracking_uri": mlflow_uri} if source == "mlflow"
+        else {"path": str(tmp / "traces.jsonl")}
+    )
+    summary = export(source, str(out), **kwargs)
+    tokens = pq.read_table(out / "tokens.parquet").to_pylist()
+    trajectories = pq.read_table(out / "trajectories.parquet").to_pylist()
+    turns = pq.read_table(out / "turns.parquet").to_pylist()
+    assert summary.rows["tokens"] == len(tokens) == sum(t["response_tokens"] for t in turns)
+    for traj in trajectories:
+        key = (traj["step"], traj["sample_index"], traj["rollout_n"])
+        mine = sorted((r for r in tokens if r["trace_id"] == traj["trace_id"]),
+                      key=lambda r: r["position"])  # fmt: skip
+        assert len(mine) == traj["response_tokens"] == len(returned[key])
+        want = values[",".join(map(str, key))]
+        mask = np.array(want["response_mask"], bool)
+        train = np.float32(np.array(want["train_logprob"])[mask]).astype(float)
+        ref = np.float32(np.array(want["ref_logprob"])[mask]).astype(float)
+        rollout = np.array(returned[key])
+        assert [r["rollout_logprob"] for r in mine] == list(rollout)
+        assert [r["train_logprob"] for r in mine] == list(train)
+        np.testing.assert_allclose([r["mismatch_kl"] for r in mine], _k3(train - rollout),
+                                   atol=1e-12)  # fmt: skip
+        np.testing.assert_allclose([r["mismatch_kl_k1"] for r in mine], rollout - train,
+                                   atol=1e-12)  # fmt: skip
+        np.testing.assert_allclose([r["ref_kl"] for r in mine], _k3(ref - train), atol=1e-12)
+        assert all(r["loss_mask"] == 1 for r in mine)
+        assert traj["mismatch_kl_max"] == pytest.approx(_k3(train - rollout).max())
+        assert traj["logprob_min"] == pytest.approx(rollout.min())
