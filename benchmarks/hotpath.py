@@ -80,6 +80,7 @@ def ours(n: int, reps: int) -> dict[str, list[float]]:
     res: dict[str, list[float]] = {}
     op = tracer.trace_op(kind="tool")(tool)
     gen_op = tracer.trace_op(kind="generate")(_generate)
+    gen_lp_op = tracer.trace_op(kind="generate")(_generate_logprobs)
     args = ("calculator", ARGS)
     res["bare"] = per_call_us(_loop(tool, args), n, reps)
 
@@ -106,6 +107,15 @@ def ours(n: int, reps: int) -> dict[str, list[float]]:
     )
     res["sampled_generate_payload"] = per_call_us(
         _in_trajectory(gen_op, (PROMPT_IDS, MESSAGES), step=2, sample_index=0),
+        max(50, n // 20),
+        reps,
+        between=tracer.flush,
+    )
+
+    # the engine's per-token log-probs ride along: the hot path copies the list (C speed);
+    # encoding them (tracer/tokens.py) happens in the background
+    res["sampled_generate_1000_logprobs"] = per_call_us(
+        _in_trajectory(gen_lp_op, (PROMPT_IDS, MESSAGES), step=4, sample_index=0),
         max(50, n // 20),
         reps,
         between=tracer.flush,
@@ -278,6 +288,14 @@ def profile_sampled(n: int) -> list[dict[str, Any]]:
         )
     rows.sort(key=lambda r: -r["tottime_us_per_op"])
     return rows[:14]
+
+
+_RESPONSE_1000 = list(range(1000))
+_LOGPROBS_1000 = [-0.001 * (i % 997) for i in range(1000)]
+
+
+def _generate_logprobs(prompt_ids: list[int], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"response_ids": _RESPONSE_1000, "finish_reason": "stop", "logprobs": _LOGPROBS_1000}
 
 
 def run(quick: bool) -> dict[str, Any]:

@@ -63,6 +63,12 @@ class TraceConfig:
     redact_callback: Any = None  # (text: str) -> str
     # identity
     worker_id: str = field(default_factory=_default_worker_id)
+    # A secret of this run, the same in the driver and every worker (e.g. made once by the
+    # driver with tracer.new_run_salt() and passed in the workers' config). When set, a
+    # trajectory with a step, sample_index and rollout_n gets a trace id derived from the salt
+    # and that identity (tracer/ids.py), so tracer.annotate() in any process finds it. None:
+    # random trace ids, and annotate() is unavailable.
+    run_salt: str | None = None
     # backend options
     tracking_uri: str | None = None  # mlflow; default: MLFLOW_TRACKING_URI, then ./mlflow.db
     jsonl_path: str | None = None  # jsonl; default: ./traces/<project>/<experiment>.jsonl

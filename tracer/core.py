@@ -5,7 +5,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +39,8 @@ class Tracer:
         )
         self.tokenizer: Any = None
         self.pipeline: Any = None
+        self.annotator: Any = None
+        self._annotator_lock = threading.Lock()
         self.active = False
 
     def start(self) -> Tracer:
@@ -81,15 +85,60 @@ class Tracer:
         except Exception as exc:  # never let the tracer break the rollout
             pipeline.errors.report("submitting a trajectory", exc)  # raises only in tests
 
+    def annotate(
+        self,
+        step: Any,
+        sample_index: Any,
+        rollout_n: Any,
+        values: Mapping[str, Any],
+        validate: bool = False,
+        experiment: str | None = None,
+    ) -> bool:
+        """See :func:`tracer.annotate`."""
+        if not self.active:
+            return False
+        from tracer.annotations import AnnotationRecord
+        from tracer.annotator import Annotator, copy_value
+        from tracer.ids import derived_trace_id
+        from tracer.trajectory import has_identity
+
+        config = self.config
+        if not config.run_salt:
+            raise ConfigError(
+                "tracer.annotate needs run_salt in the trace config, the same in the driver "
+                "and every rollout worker (e.g. run_salt=tracer.new_run_salt() in the driver, "
+                "passed to the workers' tracer.init): trace ids are derived from it"
+            )
+        if not has_identity(step, sample_index, rollout_n):
+            raise ValueError("tracer.annotate needs step, sample_index and rollout_n")
+        raw = {str(k): copy_value(v) for k, v in values.items()}
+        trace_id = derived_trace_id(config.run_salt, config.project_name,
+                                    experiment or config.experiment_name, step, sample_index,
+                                    rollout_n, bool(validate))  # fmt: skip
+        if self.annotator is None:
+            with self._annotator_lock:
+                if self.annotator is None:
+                    self.annotator = Annotator(config)
+        record = AnnotationRecord(trace_id, step, sample_index, rollout_n, bool(validate),
+                                  time.time_ns())  # fmt: skip
+        return bool(self.annotator.put(record, raw))
+
     # control
     def flush(self, timeout_s: float | None = None) -> bool:
-        if self.pipeline is None:
-            return True
-        return bool(self.pipeline.flush(
-            self.config.export_timeout_s if timeout_s is None else timeout_s))
+        timeout = self.config.export_timeout_s if timeout_s is None else timeout_s
+        ok = True
+        if self.pipeline is not None:
+            ok = bool(self.pipeline.flush(timeout))
+        if self.annotator is not None:
+            ok = self.annotator.flush(timeout) and ok
+        return ok
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         self.active = False
+        if self.annotator is not None:
+            self.annotator.close(self.config.shutdown_timeout_s if timeout_s is None
+                                 else timeout_s)  # fmt: skip
+            self.annotator = None
         if self.pipeline is None:
             return True
         ok = bool(self.pipeline.shutdown(
@@ -98,7 +147,10 @@ class Tracer:
         return ok
 
     def metrics(self) -> dict[str, Any]:
-        return self.pipeline.metrics() if self.pipeline is not None else {}
+        out = self.pipeline.metrics() if self.pipeline is not None else {}
+        if self.annotator is not None:
+            out.update(self.annotator.metrics())
+        return dict(out)
 
 
 class _ExporterSource:
@@ -174,6 +226,38 @@ def reset() -> None:
     with _lock:
         old, current.tracer = current.tracer, Tracer()
     old.shutdown()
+
+
+def annotate(
+    step: Any,
+    sample_index: Any,
+    rollout_n: Any,
+    values: Mapping[str, Any],
+    validate: bool = False,
+    experiment: str | None = None,
+) -> bool:
+    """Attach values computed after the rollout to the trajectory traced with this identity,
+    from any process of the run (the trace id is derived from ``run_salt`` and the identity;
+    see ``tracer.annotator``). Per-token values are arrays aligned with the trajectory's model
+    tokens (its generate calls' response tokens, in order), or with verl's whole response
+    when ``response_mask`` (or ``loss_mask``) is given too; per-trajectory values are numbers.
+    Names the readers know: ``train_logprob``, ``ref_logprob``, ``entropy``, ``advantage``,
+    ``rollout_logprob`` (when the engine's are not on the trace). Returns False when tracing
+    is off or the queue is full; a trajectory that was not sampled is skipped in the
+    background (``metrics()['tracer/annotations/<backend>/skipped']``). Idempotent.
+
+    Example::
+
+        tracer.annotate(step=3, sample_index=i, rollout_n=k,
+                        values={"train_logprob": old_log_prob[j], "ref_logprob": ref[j],
+                                "response_mask": response_mask[j], "advantage": 0.7})
+    """
+    return get_tracer().annotate(step, sample_index, rollout_n, values, validate, experiment)
+
+
+def new_run_salt() -> str:
+    """A fresh ``run_salt`` for a run: make it once in the driver, give it to every worker."""
+    return os.urandom(16).hex()
 
 
 def register_tokenizer(tokenizer: Any) -> None:

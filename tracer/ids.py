@@ -9,6 +9,7 @@ on the hot path) without sharing state with anything the user seeds.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 
@@ -32,3 +33,19 @@ def new_span_id() -> int:
 def new_trace_id() -> int:
     """A non-zero 128-bit trace id."""
     return _rng.getrandbits(128) or 1
+
+
+def derived_trace_id(salt: str, *identity: object) -> str:
+    """A trace id (32 hex digits) that any process holding the run's ``salt`` can compute from a
+    trajectory's identity (project, experiment, step, sample_index, rollout_n, validate): how
+    ``tracer.annotate`` in the driver finds a trace a Ray worker wrote. The salt differs between
+    runs, so reruns seeded alike still never share an id."""
+    key = "\x1f".join([salt, *(str(part) for part in identity)]).encode()
+    return hashlib.blake2b(key, digest_size=16, person=b"rt-trace").hexdigest()
+
+
+def derived_span_id(trace_id: str, name: str) -> str:
+    """A span id (16 hex digits) fixed by its trace and a name: the root of a derived trace
+    (``"root"``) and an annotation (its value names), so writing one again is an upsert."""
+    digest = hashlib.blake2b(f"{trace_id}|{name}".encode(), digest_size=8).hexdigest()
+    return digest if digest != "0" * 16 else "1".rjust(16, "0")

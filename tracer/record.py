@@ -155,6 +155,8 @@ def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterato
                     "rollout-tracer: %s:%d is not a whole record (%s); skipped", path, lineno, exc
                 )
                 continue
+            if data.get("record_type") == "annotation":  # merged by tracer.readers.sources
+                continue
             version = data.get("schema_version", 1)
             if not isinstance(version, int) or version > SCHEMA_VERSION:
                 raise ValueError(

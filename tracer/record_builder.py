@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.jsonable import Limits, safe_repr, to_jsonable, truncation_marker
 from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
 from tracer.snapshot import ObjectSnapshot, Truncated
+from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 _PROMPT_FIELDS = ("prompt_ids", "input_ids")
 _RESPONSE_FIELDS = ("response_ids", "output_ids", "token_ids")
 _REWARD_KEYS = ("reward", "score", "reward_score", "acc")
+# where a generate call's result holds per-token log-probs: ours, verl's TokenOutput, vLLM's
+_LOGPROB_FIELDS = ("logprobs", "log_probs", "response_logprobs")
 
 
 def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> TrajectoryRecord:
@@ -28,6 +31,7 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     root = traj.root
     reward: float | None = None
     spans: list[SpanRecord] = []
+    rollout_logprobs: list[float] = []
     for span in traj.spans:
         attrs = _to_attrs(span.attributes, limits)
         end_ns = span.end_ns
@@ -51,6 +55,9 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
                 attrs["finish_reason"] = (
                     safe_repr(finish, limits) if not isinstance(finish, str) else finish
                 )
+            lps = _encode_logprobs(span, outputs, attrs)
+            if lps:
+                rollout_logprobs.extend(lps)
         if span.kind == "tool":
             attrs.setdefault("tool_name", _tool_name(span))
         spans.append(
@@ -72,6 +79,15 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     if explicit is not None:
         reward = _as_float(explicit)
     _fill_root(spans, reward)
+    attributes = {
+        str(k): to_jsonable(v, limits) for k, v in traj.attributes.items() if k != "reward"
+    }
+    if rollout_logprobs:  # per trajectory: root span attributes and (filterable) trace tags
+        finite = [v for v in rollout_logprobs if math.isfinite(v)]
+        if finite:
+            summary = {"logprob_min": min(finite), "logprob_mean": sum(finite) / len(finite)}
+            spans[0].attributes.update(summary)
+            attributes.update({k: round(v, 6) for k, v in summary.items()})
     return TrajectoryRecord(
         trace_id=traj.trace_id,
         name=root.name,
@@ -87,11 +103,59 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         status=spans[0].status,
         reward=reward,
         policy_version=to_jsonable(traj.policy_version, limits),
-        attributes={
-            str(k): to_jsonable(v, limits) for k, v in traj.attributes.items() if k != "reward"
-        },
+        attributes=attributes,
         spans=spans,
     )
+
+
+def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[float] | None:
+    """The engine's per-token log-probs of a generate span -> one compact attribute
+    (``tracer.tokens`` encoding) plus their min and mean; the outputs keep a short marker in
+    their place, so the span view stays readable."""
+    for name in _LOGPROB_FIELDS:
+        raw = _find_field(span.outputs, name)
+        if raw is not None:
+            break
+    else:
+        return None
+    if isinstance(raw, Truncated):
+        raw = raw.items
+    ids = _find_field(span.outputs, "response_ids")
+    if ids is None:
+        ids = _find_field(span.outputs, "token_ids")
+    try:
+        values = _logprob_list(raw, ids)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if not values:
+        return None
+    attrs[LOGPROBS_ATTR] = encode_floats(values)
+    finite = [v for v in values if math.isfinite(v)]
+    if finite:
+        attrs["logprob_min"] = min(finite)
+        attrs["logprob_mean"] = sum(finite) / len(finite)
+    if isinstance(outputs, dict) and name in outputs:
+        outputs[name] = f"<{len(values)} log-probs: float32 base64 in attribute {LOGPROBS_ATTR}>"
+    return values
+
+
+def _logprob_list(raw: Any, token_ids: Any) -> list[float] | None:
+    """Floats from a list/array of numbers, or from vLLM's per-position ``{token_id:
+    Logprob}`` dicts (the sampled token's entry)."""
+    if isinstance(raw, list) and raw and isinstance(raw[0], dict):
+        ids = _as_id_list(token_ids)[0] if token_ids is not None else []
+        out = []
+        for i, entry in enumerate(raw):
+            hit = entry.get(ids[i]) if i < len(ids) else None
+            if hit is None and entry:
+                hit = next(iter(entry.values()))
+            if isinstance(hit, ObjectSnapshot):
+                hit = hit.fields.get("logprob")
+            elif hit is not None and hasattr(hit, "logprob"):
+                hit = hit.logprob
+            out.append(float(hit) if hit is not None else math.nan)
+        return out
+    return as_float_list(raw)
 
 
 def _to_attrs(raw: dict[str, Any] | None, limits: Limits) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from tracer.annotations import AnnotationRecord, apply_to_record
 from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord
@@ -31,6 +32,7 @@ class InMemoryExporter(Exporter):
     """Keeps every exported record in a list; backend name ``memory``."""
 
     name = "memory"
+    supports_annotations = True
     spoolable = False  # a new process has a new memory: nothing to replay into
     _instances: list[InMemoryExporter] = []
 
@@ -46,6 +48,20 @@ class InMemoryExporter(Exporter):
             seen = {r.trace_id for r in self.records}
             self.records.extend(r for r in batch if r.trace_id not in seen)
         return ExportResult.SUCCESS
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        """Add each annotation's span to its record, in whichever in-memory exporter of this
+        process holds it (the annotating tracer has exporters of its own)."""
+        found = []
+        with self._lock:
+            by_id = {r.trace_id: r for e in InMemoryExporter._instances for r in e.records}
+            for ann in batch:
+                record = by_id.get(ann.trace_id)
+                if record is not None:
+                    for key, value in apply_to_record(record, ann).items():
+                        record.attributes[key] = value
+                found.append(record is not None)
+        return found
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         return True

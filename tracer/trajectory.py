@@ -10,7 +10,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tracer.ids import new_span_id, new_trace_id
+from tracer.ids import derived_span_id, derived_trace_id, new_span_id, new_trace_id
+
+
+def has_identity(step: Any, sample_index: Any, rollout_n: Any) -> bool:
+    """Whether a trajectory's identity is complete enough to derive its trace id from: a step,
+    a rollout_n, and a sample_index the caller gave (not one the sampler numbered)."""
+    return (
+        step is not None
+        and rollout_n is not None
+        and sample_index is not None
+        and not (isinstance(sample_index, str) and sample_index.startswith("auto-"))
+    )
 
 
 class Span:
@@ -79,7 +90,13 @@ class Trajectory:
         attributes: dict[str, Any],
     ) -> None:
         self.tracer = tracer
-        self.trace_id = f"{new_trace_id():032x}"
+        salt = getattr(getattr(tracer, "config", None), "run_salt", None)
+        if salt and has_identity(step, sample_index, rollout_n):
+            config = tracer.config
+            self.trace_id = derived_trace_id(salt, config.project_name, config.experiment_name,
+                                             step, sample_index, rollout_n, bool(validate))
+        else:
+            self.trace_id = f"{new_trace_id():032x}"
         self.step = step
         self.sample_index = sample_index
         self.rollout_n = rollout_n
@@ -87,6 +104,9 @@ class Trajectory:
         self.policy_version = policy_version
         self.attributes = attributes
         self.root = Span(name, "trajectory", None, None)
+        if salt and has_identity(step, sample_index, rollout_n):
+            # an annotation written later by another process names this span as its parent
+            self.root.span_id = int(derived_span_id(self.trace_id, "root"), 16)
         self.spans: list[Span] = [self.root]
         self.nbytes = 512
         self.hot_ns = 0  # time spent in the tracer's own hot-path code (a metric)

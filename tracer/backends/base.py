@@ -12,7 +12,10 @@ Everything the pipeline asks of a backend is declared here once, with its defaul
   the spool): the backend then checks before adding what it cannot upsert. Expected failures
   return ``FAILURE`` (retried, then spooled) or ``REJECTED`` (never retried; counted as lost);
   an unexpected exception counts as ``FAILURE``;
-- ``force_flush(timeout_s)`` and ``shutdown(timeout_s)``.
+- ``force_flush(timeout_s)`` and ``shutdown(timeout_s)``;
+- ``annotate(batch)`` (optional, ``supports_annotations``): attach values computed after the
+  rollout (``tracer.annotations.AnnotationRecord``) to traces already stored,
+  idempotently; returns, per annotation, whether its trace was found (False: skipped).
 
 The pipeline calls one exporter from one thread at a time, never concurrently.
 ``register_backend`` also accepts any object with ``export(batch)``: ``as_exporter`` adapts
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tracer.annotations import AnnotationRecord
     from tracer.record import TrajectoryRecord
 
 
@@ -42,11 +46,15 @@ class Exporter:
     name: str = "exporter"
     destination: str = ""
     spoolable: bool = True
+    supports_annotations: bool = False
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
         raise NotImplementedError
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        raise NotImplementedError(f"backend {self.name!r} cannot annotate stored traces")
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         return True

@@ -29,6 +29,12 @@ Schema (version 1; the field ``schema_version`` is on every line and bumps on an
     }
 
 It is exactly ``TrajectoryRecord.to_dict()``; ``TrajectoryRecord.from_dict`` reads a line back.
+
+Annotations (``tracer.annotate``) are appended as lines of their own, ``{"record_type":
+"annotation", "schema_version": 1, "trace_id": ..., "values": {...}, ...}``
+(``AnnotationRecord.to_dict()``); readers merge them into their trajectory as an ``annotation``
+span (``tracer.readers.sources``). This backend cannot tell whether the trace exists, so it
+appends every annotation; a reader ignores one whose trajectory is not in the file.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from tracer.annotations import AnnotationRecord
 from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord, read_jsonl
@@ -57,6 +64,7 @@ def default_jsonl_path(config: TraceConfig) -> str:
 
 class JsonlExporter(Exporter):
     name = "jsonl"
+    supports_annotations = True
 
     def __init__(self, config: TraceConfig) -> None:
         self.path = os.path.abspath(default_jsonl_path(config))
@@ -85,6 +93,19 @@ class JsonlExporter(Exporter):
                     os.fsync(f.fileno())
                 self._written.update(ids)
         return ExportResult.SUCCESS
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        lines = [
+            json.dumps({"schema_version": 1, **a.to_dict()}, ensure_ascii=False, default=str)
+            for a in batch
+        ]
+        if lines:
+            with self._lock, open(self.path, "a+b") as f:
+                prefix = b"\n" if f.tell() > 0 and _last_byte(f) != b"\n" else b""
+                f.write(prefix + ("\n".join(lines) + "\n").encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+        return [True] * len(lines)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         return True

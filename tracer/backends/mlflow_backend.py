@@ -20,10 +20,12 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from tracer.annotations import AnnotationRecord, annotation_span, rollout_logprobs
 from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
-from tracer.record import TrajectoryRecord
+from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.tokens import LOGPROBS_ATTR
 
 try:
     import fcntl
@@ -47,6 +49,7 @@ def resolve_tracking_uri(config: TraceConfig) -> str:
 
 class MlflowExporter(Exporter):
     name = "mlflow"
+    supports_annotations = True
 
     def __init__(self, config: TraceConfig) -> None:
         import mlflow  # noqa: F401  (ImportError -> "pip install rollout-tracer[mlflow]")
@@ -102,6 +105,56 @@ class MlflowExporter(Exporter):
         if self.config.mlflow_run_id:
             self._link_to_run([mlflow_trace_id(r.trace_id) for r in batch])
         return ExportResult.SUCCESS
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        """Each annotation as one more span of its stored trace (upserted by its derived span
+        id), plus trace tags for its numbers. A trace not in the store (a trajectory that was
+        not sampled) is skipped: one lookup, nothing written."""
+        from mlflow.exceptions import MlflowException
+
+        found: list[bool] = []
+        for ann in batch:
+            trace_id = mlflow_trace_id(ann.trace_id)
+            try:
+                trace = self.client.get_trace(trace_id)
+            except MlflowException as exc:
+                if "RESOURCE_DOES_NOT_EXIST" in str(getattr(exc, "error_code", "")) or (
+                    "not found" in str(exc).lower()
+                ):
+                    found.append(False)
+                    continue
+                raise
+            if trace is None:
+                found.append(False)
+                continue
+            root, generates = _root_and_generates(trace)
+            if root is None:
+                found.append(False)
+                continue
+            span, tags = annotation_span(ann, root.span_id, root.start_ns,
+                                         rollout_logprobs(generates))  # fmt: skip
+            holder = TrajectoryRecord(
+                trace_id=ann.trace_id, name="annotation", project_name="", experiment_name="",
+                step=None, sample_index=None, rollout_n=None, validate=False, worker_id="",
+                start_ns=root.start_ns, end_ns=root.end_ns, spans=[root, span],
+            )  # fmt: skip
+            self._log_annotation_span(holder)
+            for key, value in tags.items():
+                self.client.set_trace_tag(trace_id, key, value)
+            found.append(True)
+        return found
+
+    def _log_annotation_span(self, holder: TrajectoryRecord) -> None:
+        from mlflow.entities import Span
+
+        request_id = dumps(mlflow_trace_id(holder.trace_id))
+        otel = to_readable_spans(holder, encode=encode_all_json,
+                                 extra_attributes={"mlflow.traceRequestId": request_id})
+        spans = [Span(s) for s in otel[1:]]  # the annotation only; the root stays as stored
+        if self.is_server:
+            self._post_spans(spans)
+        else:
+            self.tracing.log_spans(self.experiment_id, spans)
 
     def _link_to_run(self, trace_ids: list[str]) -> None:
         """Link traces to ``config.mlflow_run_id`` (MLflow's trace-run entity associations,
@@ -216,6 +269,25 @@ def _sqlite_init_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _root_and_generates(trace: Any) -> tuple[SpanRecord | None, list[SpanRecord]]:
+    """The stored root span and generate spans of a trace, as much as an annotation needs:
+    ids, times, and the generate spans' encoded log-probs."""
+    root = None
+    generates = []
+    for s in trace.data.spans:
+        attrs = s.attributes or {}
+        record = SpanRecord(span_id=s.span_id, parent_id=s.parent_id, name=s.name,
+                            kind=str(attrs.get("rollout_tracer.kind", "")),
+                            start_ns=int(s.start_time_ns),
+                            end_ns=int(s.end_time_ns or s.start_time_ns))  # fmt: skip
+        if s.parent_id is None:
+            root = record
+        elif record.kind == "generate" and LOGPROBS_ATTR in attrs:
+            record.attributes = {LOGPROBS_ATTR: attrs[LOGPROBS_ATTR]}
+            generates.append(record)
+    return root, generates
 
 
 def mlflow_trace_id(trace_id: str) -> str:

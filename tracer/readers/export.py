@@ -37,11 +37,12 @@ class ExportSummary:
 
 @dataclass
 class Tables:
-    """The three tables as pandas DataFrames."""
+    """The exported tables as pandas DataFrames."""
 
     trajectories: Any
     turns: Any
     tool_calls: Any
+    tokens: Any = None
 
 
 def arrow_table(name: str, rows: list[dict[str, Any]]) -> Any:
@@ -88,10 +89,12 @@ def export_pages(
     out: str,
     fmt: str = "parquet",
     on_page: Callable[[int], None] | None = None,
+    tokenizer: Any = None,
 ) -> ExportSummary:
-    """Write ``out/{trajectories,turns,tool_calls}.{parquet,jsonl}`` page by page; only one page
-    of records is in memory at a time. ``on_page(n)`` is called after each page of n
-    trajectories (e.g. a progress bar's ``update``)."""
+    """Write ``out/{trajectories,turns,tool_calls,tokens}.{parquet,jsonl}`` page by page; only
+    one page of records is in memory at a time. ``on_page(n)`` is called after each page of n
+    trajectories (e.g. a progress bar's ``update``); ``tokenizer`` fills the tokens table's
+    ``token`` text."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     os.makedirs(out, exist_ok=True)
@@ -104,7 +107,7 @@ def export_pages(
     pages_written = 0
     try:
         for page in pages:
-            rows = records_rows(page)
+            rows = records_rows(page, tokenizer)
             for name, writer in writers.items():
                 table_rows = rows.table(name)
                 writer.write_rows(table_rows)
@@ -131,6 +134,7 @@ def export(
     validate: bool | None = None,
     page_size: int = 500,
     on_page: Callable[[int], None] | None = None,
+    tokenizer: Any = None,
 ) -> ExportSummary:
     """Export trajectories stored by a backend (``mlflow``, ``jsonl``, ``weave``) to three
     tables. ``entity`` is the W&B entity of a Weave project (default ``$WANDB_ENTITY``)."""
@@ -143,7 +147,7 @@ def export(
         selection=Selection(steps, validate),
         page_size=page_size,
     )
-    return export_pages(pages, out, fmt, on_page)
+    return export_pages(pages, out, fmt, on_page, tokenizer)
 
 
 def rows_to_tables(rows: Rows) -> Tables:
@@ -160,8 +164,9 @@ def read_tables(
     entity: str | None = None,
     steps: Sequence[int] | None = None,
     validate: bool | None = None,
+    tokenizer: Any = None,
 ) -> Tables:
-    """The three tables as pandas DataFrames (everything in memory: for large runs export to
+    """The tables as pandas DataFrames (everything in memory: for large runs export to
     Parquet and query it with DuckDB or polars). ``source="parquet"`` reads an export
     directory ``path``."""
     if source == "parquet":
@@ -175,7 +180,7 @@ def read_tables(
         entity=entity,
         selection=Selection(steps, validate),
     ):
-        rows.extend(records_rows(page))
+        rows.extend(records_rows(page, tokenizer))
     return rows_to_tables(rows)
 
 
@@ -187,7 +192,11 @@ def read_parquet_dir(
 
     frames: dict[str, Any] = {}
     for name in TABLES:
-        frames[name] = pd.read_parquet(os.path.join(path, f"{name}.parquet"))
+        file = os.path.join(path, f"{name}.parquet")
+        if name == "tokens" and not os.path.exists(file):  # an export from before the table
+            frames[name] = arrow_table(name, []).to_pandas()
+            continue
+        frames[name] = pd.read_parquet(file)
     keep = frames["trajectories"]
     if steps is not None:
         keep = keep[keep["step"].isin(list(steps))]
@@ -195,7 +204,7 @@ def read_parquet_dir(
         keep = keep[keep["validate"] == validate]
     ids = set(keep["trace_id"])
     frames["trajectories"] = keep
-    for name in ("turns", "tool_calls"):
+    for name in ("turns", "tool_calls", "tokens"):
         frames[name] = frames[name][frames[name]["trace_id"].isin(ids)]
     return Tables(**frames)
 

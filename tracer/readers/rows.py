@@ -7,26 +7,31 @@ their exports comparable row by row. Column meanings are in :mod:`tracer.readers
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracer.annotations import token_values
 from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
 
 Row = dict[str, Any]
 
 
 @dataclass
 class Rows:
-    """Rows of the three tables for a batch of trajectories."""
+    """Rows of the four tables for a batch of trajectories."""
 
     trajectories: list[Row] = field(default_factory=list)
     turns: list[Row] = field(default_factory=list)
     tool_calls: list[Row] = field(default_factory=list)
+    tokens: list[Row] = field(default_factory=list)
 
     def extend(self, other: Rows) -> None:
         self.trajectories.extend(other.trajectories)
         self.turns.extend(other.turns)
         self.tool_calls.extend(other.tool_calls)
+        self.tokens.extend(other.tokens)
 
     def table(self, name: str) -> list[Row]:
         rows: list[Row] = getattr(self, name)
@@ -82,7 +87,13 @@ def _count(value: Any) -> int | None:
     return len(value) if isinstance(value, list) else None
 
 
-def _logprobs(value: Any) -> list[float] | None:
+def _logprobs(span: SpanRecord) -> list[float] | None:
+    """The engine's log-probs of a generate span: the encoded attribute (tracer.tokens), else
+    a plain list in the outputs (traces written before the attribute existed)."""
+    encoded = decode_floats(span.attributes.get(LOGPROBS_ATTR))
+    if encoded is not None:
+        return encoded
+    value = _field(span.outputs, "logprobs")
     if not isinstance(value, list):
         return None
     out = [float(v) for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -124,7 +135,7 @@ def turn_row(record: TrajectoryRecord, index: int, span: SpanRecord) -> Row:
         "prompt_tokens": _int_or_none(prompt_tokens),
         "response_tokens": _int_or_none(response_tokens),
         "finish_reason": _text(attrs.get("finish_reason") or _field(outputs, "finish_reason")),
-        "logprobs": _logprobs(_field(outputs, "logprobs")),
+        "logprobs": _logprobs(span),
         "status": span.status,
         "error": _error_message(span),
     }
@@ -176,8 +187,79 @@ def tool_row(record: TrajectoryRecord, index: int, turn_index: int, span: SpanRe
     }
 
 
-def record_rows(record: TrajectoryRecord) -> Rows:
-    """The rows one trajectory contributes to each table."""
+_ID_FIELDS = ("response_ids", "output_ids", "token_ids")
+_PER_TOKEN = ("rollout_logprob", "train_logprob", "ref_logprob", "entropy", "advantage")
+
+
+def _ids(value: Any, names: tuple[str, ...]) -> list[int] | None:
+    ids = _field(value, *names)
+    if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+        return ids
+    return None
+
+
+def _num(values: list[float] | None, i: int) -> float | None:
+    if values is None or i >= len(values):
+        return None
+    v = values[i]
+    return v if math.isfinite(v) else None
+
+
+def token_rows(record: TrajectoryRecord, generates: list[SpanRecord],
+               tokenizer: Any = None) -> list[Row]:  # fmt: skip
+    """One row per response token, in verl's response layout: each turn's model tokens
+    (``loss_mask`` 1), then the tool/user tokens the next turn's prompt adds (``loss_mask`` 0,
+    when that prompt extends the previous one). Per-token values index the model tokens."""
+    values = token_values(record.spans)
+    mismatch = kl_series(values.get("rollout_logprob"), values.get("train_logprob"), False)
+    ref = kl_series(values.get("train_logprob"), values.get("ref_logprob"), True)
+    rows: list[Row] = []
+    position = model = 0
+    for turn, span in enumerate(generates):
+        ids = _ids(span.outputs, _ID_FIELDS)
+        if ids is None:
+            continue
+        segments = [(ids, 1)]
+        if turn + 1 < len(generates):
+            prompt = _ids(span.inputs, ("prompt_ids", "input_ids"))
+            nxt = _ids(generates[turn + 1].inputs, ("prompt_ids", "input_ids"))
+            if prompt is not None and nxt is not None and nxt[: len(prompt) + len(ids)] == [
+                *prompt, *ids
+            ]:
+                segments.append((nxt[len(prompt) + len(ids):], 0))
+        for seg_ids, mask in segments:
+            for token_id in seg_ids:
+                row: Row = {
+                    "trace_id": record.trace_id, "step": record.step,
+                    "sample_index": _int_or_none(record.sample_index),
+                    "rollout_n": _int_or_none(record.rollout_n), "turn": turn,
+                    "position": position, "token_id": token_id,
+                    "token": _token_text(tokenizer, token_id), "loss_mask": mask,
+                }  # fmt: skip
+                m = model if mask else None
+                for name in _PER_TOKEN:
+                    row[name] = _num(values.get(name), m) if m is not None else None
+                for name, pair in (("mismatch_kl", mismatch), ("ref_kl", ref)):
+                    row[name] = _num(pair[1], m) if pair and m is not None else None
+                    row[f"{name}_k1"] = _num(pair[0], m) if pair and m is not None else None
+                rows.append(row)
+                position += 1
+                model += mask
+    return rows
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str | None:
+    if tokenizer is None:
+        return None
+    try:
+        return str(tokenizer.decode([token_id], skip_special_tokens=False))
+    except Exception:
+        return None
+
+
+def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
+    """The rows one trajectory contributes to each table (``tokenizer``: the ``tokens``
+    table's ``token`` text; None leaves it empty)."""
     spans = sorted(record.spans[1:], key=lambda s: s.start_ns)
     generates = [s for s in spans if s.kind == "generate"]
     turns = [turn_row(record, i, s) for i, s in enumerate(generates)]
@@ -221,11 +303,19 @@ def record_rows(record: TrajectoryRecord) -> Rows:
         "response_tokens": sum(response_counts) if response_counts else None,
         "error": _error_message(root) if root is not None else None,
     }
-    return Rows([trajectory], turns, tools)
+    summary = summarize(token_values(record.spans))
+    for name in TOKEN_SUMMARY:
+        trajectory[name] = summary.get(name)
+    return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
 
 
-def records_rows(records: list[TrajectoryRecord]) -> Rows:
+# per-trajectory aggregates of the per-token values (tracer.tokens.summarize), k3 for KL
+TOKEN_SUMMARY = ("mismatch_kl_mean", "mismatch_kl_max", "ref_kl_mean", "ref_kl_max",
+                 "logprob_min", "logprob_mean", "entropy_mean")  # fmt: skip
+
+
+def records_rows(records: list[TrajectoryRecord], tokenizer: Any = None) -> Rows:
     rows = Rows()
     for record in records:
-        rows.extend(record_rows(record))
+        rows.extend(record_rows(record, tokenizer))
     return rows

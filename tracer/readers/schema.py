@@ -1,4 +1,4 @@
-"""The three exported tables, declared once: column name, type, meaning.
+"""The four exported tables, declared once: column name, type, meaning.
 
 ``docs/export-schema.md`` documents these columns (a test checks it lists every one). Types are
 Arrow type names; :func:`arrow_schema` builds the ``pyarrow`` schema (pyarrow is imported only
@@ -41,6 +41,13 @@ TRAJECTORIES: list[Column] = [
     ("prompt_tokens", "int64", "prompt tokens of the first generate call"),
     ("response_tokens", "int64", "generated tokens summed over all generate calls"),
     ("error", "string", "the root span's error message, if it failed"),
+    ("mismatch_kl_mean", "float64", "mean per-token KL(rollout ‖ trainer), k3 estimator"),
+    ("mismatch_kl_max", "float64", "max per-token KL(rollout ‖ trainer), k3 estimator"),
+    ("ref_kl_mean", "float64", "mean per-token KL(trainer ‖ reference), k3 estimator"),
+    ("ref_kl_max", "float64", "max per-token KL(trainer ‖ reference), k3 estimator"),
+    ("logprob_min", "float64", "lowest rollout (engine) log-prob of a model token"),
+    ("logprob_mean", "float64", "mean rollout (engine) log-prob over model tokens"),
+    ("entropy_mean", "float64", "mean entropy over model tokens, where annotated"),
 ]
 
 TURNS: list[Column] = [
@@ -76,10 +83,34 @@ TOOL_CALLS: list[Column] = [
     ("latency_ms", "float64", "span duration in milliseconds"),
 ]
 
+TOKENS: list[Column] = [
+    ("trace_id", "string", "the trajectory (join key)"),
+    ("step", "int64", "training step (copied from the trajectory)"),
+    ("sample_index", "int64", "sample index (copied from the trajectory)"),
+    ("rollout_n", "int64", "rollout index (copied from the trajectory)"),
+    ("turn", "int64", "the generate call (turn_index) this token belongs to"),
+    ("position", "int64", "0-based position in the trajectory's response (verl's layout)"),
+    ("token_id", "int64", "the token id"),
+    ("token", "string", "its text (token2text with the tokenizer given to the export)"),
+    ("loss_mask", "int64", "1 for model tokens, 0 for tool and user tokens between turns"),
+    ("rollout_logprob", "float64", "the engine's log-prob at sampling time (generate span)"),
+    ("train_logprob", "float64", "the trainer's recomputed log-prob (tracer.annotate)"),
+    ("ref_logprob", "float64", "the reference policy's log-prob (tracer.annotate)"),
+    ("entropy", "float64", "the policy's entropy at this position (tracer.annotate)"),
+    ("advantage", "float64", "per-token advantage (tracer.annotate)"),
+    ("mismatch_kl", "float64", "k3 of KL(rollout ‖ trainer): exp(d) - 1 - d, "
+                               "d = train_logprob - rollout_logprob"),
+    ("mismatch_kl_k1", "float64", "k1 of the same: rollout_logprob - train_logprob"),
+    ("ref_kl", "float64", "k3 of KL(trainer ‖ reference): exp(d) - 1 - d, "
+                          "d = ref_logprob - train_logprob (verl's low_var_kl)"),
+    ("ref_kl_k1", "float64", "k1 of the same: train_logprob - ref_logprob"),
+]  # fmt: skip
+
 TABLES: dict[str, list[Column]] = {
     "trajectories": TRAJECTORIES,
     "turns": TURNS,
     "tool_calls": TOOL_CALLS,
+    "tokens": TOKENS,
 }
 
 

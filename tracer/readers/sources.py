@@ -7,8 +7,10 @@ library only when used). Readers depend on stored data only, never on a backend'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
+from tracer.annotations import RECORD_TYPE, AnnotationRecord, apply_to_record
 from tracer.readers.mlflow_source import iter_mlflow, mlflow_to_record
 from tracer.readers.selection import PAGE_SIZE, Selection, parse_steps
 from tracer.readers.weave_source import iter_weave, weave_to_record
@@ -29,18 +31,54 @@ def iter_jsonl(
     """Pages of records from a JSONL backend file. A partial (crashed) last line is skipped.
     ``experiment`` keeps records whose project_name or experiment_name equals it."""
     selection = selection or Selection()
+    annotations = _annotation_offsets(path)
     page: list[TrajectoryRecord] = []
     for record in read_jsonl(path):
         if experiment and experiment not in (record.project_name, record.experiment_name):
             continue
         if not selection.keeps(record):
             continue
+        if record.trace_id in annotations:
+            _merge_annotations(path, record, annotations[record.trace_id])
         page.append(record)
         if len(page) >= page_size:
             yield page
             page = []
     if page:
         yield page
+
+
+_ANNOTATION_MARK = f'"record_type": "{RECORD_TYPE}"'.encode()
+
+
+def _annotation_offsets(path: str) -> dict[str, list[int]]:
+    """Pass one over a JSONL file: where each trace's annotation lines start (offsets only, so
+    memory stays bounded whatever the arrays weigh)."""
+    found: dict[str, list[int]] = {}
+    offset = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.startswith(b'{"schema_version": 1, ' + _ANNOTATION_MARK) and raw.endswith(
+                b"\n"
+            ):
+                start = raw.find(b'"trace_id": "')
+                if start >= 0:
+                    trace_id = raw[start + 13 : start + 45].decode("ascii", "replace")
+                    found.setdefault(trace_id, []).append(offset)
+            offset += len(raw)
+    return found
+
+
+def _merge_annotations(path: str, record: TrajectoryRecord, offsets: list[int]) -> None:
+    with open(path, "rb") as f:
+        for offset in offsets:
+            f.seek(offset)
+            try:
+                ann = AnnotationRecord.from_dict(json.loads(f.readline()))
+            except (ValueError, TypeError):
+                continue
+            if ann.trace_id == record.trace_id:
+                apply_to_record(record, ann)
 
 
 def iter_records(
