@@ -82,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_step(result: Any) -> None:
         m = result.metrics()
         bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
+        tracer.end_step(result.step)  # keep rules: the step's min/max and groups decide now
         tracking.log_step(result, tracer.metrics())  # console line, trackers (trainer.logger)
 
     async def main() -> None:

@@ -20,6 +20,7 @@ from tracer.config import ConfigError, TraceConfig
 from tracer.core import (
     Tracer,
     TracerInitError,
+    end_step,
     flush,
     get_tracer,
     init,
@@ -44,6 +45,7 @@ __all__ = [
     "TracerInitError",
     "TrajectoryRecord",
     "current_trajectory",
+    "end_step",
     "flush",
     "get_tracer",
     "init",
