@@ -134,6 +134,11 @@ def _register_readers() -> None:
     subcommand("report", "write a self-contained HTML report of a run",
                export_cli.configure_report)(export_cli.cmd_report)  # fmt: skip
 
+    from rollout import flags_cli
+
+    subcommand("flags", "print the health flags of a run (and tag them in MLflow)",
+               flags_cli.configure_flags)(flags_cli.cmd_flags)  # fmt: skip
+
 
 _register_readers()
 

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.record import SpanRecord, TrajectoryRecord
 
 Row = dict[str, Any]
@@ -220,8 +221,31 @@ def record_rows(record: TrajectoryRecord) -> Rows:
         "prompt_tokens": first_turn.get("prompt_tokens"),
         "response_tokens": sum(response_counts) if response_counts else None,
         "error": _error_message(root) if root is not None else None,
+        "accuracy": _accuracy(spans),
+        "flags": _flags(record, turns, tools),
+        "kept_by": _text(record.attributes.get("kept_by")),
     }
     return Rows([trajectory], turns, tools)
+
+
+def _accuracy(spans: list[SpanRecord]) -> float | None:
+    for span in reversed(spans):
+        if span.kind == "reward" and span.status == "OK":
+            value = _field(span.outputs, "accuracy", "acc")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+    return None
+
+
+def _flags(record: TrajectoryRecord, turns: list[Row], tools: list[Row]) -> list[str]:
+    """Trajectory flags from its own rows, plus any stored as ``flag.<name>`` tags (written
+    back by ``rollout-tracer flags --write-tags``: step flags too)."""
+    flags = trajectory_flags(record.reward, turns, tools)
+    for key, value in record.attributes.items():
+        name = key[len(TAG_PREFIX):] if key.startswith(TAG_PREFIX) else None
+        if name in FLAGS and str(value).lower() == "true" and name not in flags:
+            flags.append(name)
+    return sorted(flags, key=FLAGS.index)
 
 
 def records_rows(records: list[TrajectoryRecord]) -> Rows:

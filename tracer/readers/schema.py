@@ -41,6 +41,9 @@ TRAJECTORIES: list[Column] = [
     ("prompt_tokens", "int64", "prompt tokens of the first generate call"),
     ("response_tokens", "int64", "generated tokens summed over all generate calls"),
     ("error", "string", "the root span's error message, if it failed"),
+    ("accuracy", "float64", "the reward span's `accuracy` (or `acc`) output, if it has one"),
+    ("flags", "list<string>", "health flags (tracer/readers/health.py) on this trajectory"),
+    ("kept_by", "string", "keep rules that stored it (`sampled` = head sampling), if any"),
 ]
 
 TURNS: list[Column] = [
@@ -93,6 +96,7 @@ def _arrow_type(name: str) -> Any:
         "bool": pa.bool_(),
         "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
         "list<float64>": pa.list_(pa.float64()),
+        "list<string>": pa.list_(pa.string()),
     }
     return simple[name]
 
