@@ -4,6 +4,8 @@ clean rollouts are not flagged."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from tracer.readers import export
 from tracer.readers.health import HealthThresholds, analyze, trajectory_flags
 
 EXP = "health-flags"
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 
 
 @tracer.trace_op(kind="generate")
@@ -168,3 +171,41 @@ def test_trajectory_rules_have_thresholds() -> None:
         "tool_loop"]
     assert trajectory_flags(1.0, turns, []) == ["short_answer_high_reward"]
     assert trajectory_flags(1.0, turns, [], HealthThresholds(short_answer_chars=0)) == []
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium")
+def test_report_health_section_renders_and_links_open_transcripts(
+    run: dict[tuple[int, int, int], set[str]], mlflow_uri: str, tmp_path: Path
+) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tracer.readers import read_tables, write_report
+
+    tables = read_tables("mlflow", experiment=EXP, tracking_uri=mlflow_uri)
+    path = Path(write_report(tables, str(tmp_path / "report.html")))
+    by_key = {(r.step, r.sample_index, r.rollout_n): r.trace_id
+              for r in tables.trajectories.itertuples()}  # fmt: skip
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )  # fmt: skip
+        page = browser.new_page()
+        page.goto(path.as_uri())
+        # the Health section comes first, with each flag's count over steps
+        first = page.locator("section").first
+        assert first.get_attribute("id") == "health"
+        count = page.locator('#health tr[data-flag="zero_variance_rising"] td.flag-count')
+        assert count.inner_text() == "8"
+        assert page.locator('#health tr[data-flag="tool_loop"] td.flag-count').inner_text() == "1"
+        # a link opens that transcript
+        link = page.locator('#health tr[data-flag="tool_error_burst"] a.flag-link').first
+        assert link.get_attribute("data-trace") == by_key[(1, 2, 0)]
+        link.click()
+        text = page.locator("#transcript").text_content() or ""
+        assert f"trace {by_key[(1, 2, 0)]}" in text and "error: bad input" in text
+        # and a link works as an address too
+        page.goto(path.as_uri() + f"#t-{by_key[(1, 0, 0)]}")
+        page.reload()
+        assert f"trace {by_key[(1, 0, 0)]}" in (page.locator("#transcript").text_content() or "")
+        browser.close()
