@@ -100,6 +100,29 @@ def ours(n: int, reps: int) -> dict[str, list[float]]:
         _in_trajectory(op, args, step=8, sample_index=0, trace=False), n, reps
     )
 
+    # keep rules on (tracer/keep.py): the same losing sample is now a tail candidate, recorded
+    # in full so that its end can decide; this is what keep rules cost on the hot path
+    tracer.init({"backend": "bench-null", "max_samples_per_step_per_worker": 1,
+                 "keep": ["errors", "extreme_rewards"]})  # fmt: skip
+    with tracer.trace_attr(step=7, sample_index=win):
+        pass
+    candidate = _in_trajectory(op, args, step=7, sample_index=lose)
+    res["tail_candidate_n1"] = per_call_us(candidate, n, reps, between=tracer.flush)
+
+    def losing_trajectories(k: int) -> None:
+        for _ in range(k):
+            with tracer.trace_attr(step=7, sample_index=lose):
+                pass
+
+    n_traj = max(50, n // 10)
+    res["trajectory_open_close_tail_candidate"] = per_call_us(
+        losing_trajectories, n_traj, reps, tracer.flush)
+    tracer.init({"backend": "bench-null", "max_samples_per_step_per_worker": 1})
+    with tracer.trace_attr(step=7, sample_index=win):
+        pass
+    res["trajectory_open_close_unsampled"] = per_call_us(
+        losing_trajectories, n_traj, reps, tracer.flush)
+
     tracer.init({"backend": "bench-null", "max_samples_per_step_per_worker": None})
     res["outside_trajectory"] = per_call_us(_loop(op, args), n, reps)
     res["sampled"] = per_call_us(

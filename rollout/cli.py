@@ -82,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_step(result: Any) -> None:
         m = result.metrics()
         bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
+        tracer.end_step(result.step)  # keep rules: the step's min/max and groups decide now
         tracking.log_step(result, tracer.metrics())  # console line, trackers (trainer.logger)
 
     async def main() -> None:
@@ -132,6 +133,11 @@ def _register_readers() -> None:
                export_cli.configure_export)(export_cli.cmd_export)  # fmt: skip
     subcommand("report", "write a self-contained HTML report of a run",
                export_cli.configure_report)(export_cli.cmd_report)  # fmt: skip
+
+    from rollout import flags_cli
+
+    subcommand("flags", "print the health flags of a run (and tag them in MLflow)",
+               flags_cli.configure_flags)(flags_cli.cmd_flags)  # fmt: skip
 
 
 _register_readers()

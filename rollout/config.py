@@ -112,4 +112,6 @@ def trace_config(config: dict[str, Any]) -> dict[str, Any]:
     trace = {k: v for k, v in trace.items() if v is not None or k == "backend"}
     trace.setdefault("project_name", config["trainer"]["project_name"])
     trace.setdefault("experiment_name", config["trainer"]["experiment_name"])
+    if trace.get("keep"):  # a GRPO group is decided as soon as its n rollouts are in
+        trace.setdefault("keep_group_size", config["actor_rollout_ref"]["rollout"]["n"])
     return trace

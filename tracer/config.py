@@ -16,6 +16,11 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message says which values are accepted."""
 
 
+# Keep rules (tail sampling, tracer/keep.py): names accepted in ``TraceConfig.keep``.
+KEEP_RULES = ("errors", "extreme_rewards", "zero_variance_groups", "tool_errors", "truncated",
+              "predicate")  # fmt: skip
+
+
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -38,6 +43,13 @@ class TraceConfig:
     experiment_name: str = "default"
     # sampling
     sampling_seed: int = 0
+    # keep rules (tail sampling, tracer/keep.py): also store trajectories that head sampling
+    # left out when one of these rules matches at the trajectory's (or its group's) end. Rules
+    # earlier in the list win when keep_max_per_step is reached. Any of KEEP_RULES.
+    keep: list[str] = field(default_factory=list)
+    keep_max_per_step: int | None = None  # tail-kept trajectories per (step, validate)
+    keep_predicate: Any = None  # (record: TrajectoryRecord) -> bool; the rule "predicate"
+    keep_group_size: int | None = None  # GRPO n: a group decides as soon as it is complete
     # hot-path buffer: finished trajectories waiting for the background pipeline
     max_buffer_trajectories: int = 10_000
     max_buffer_bytes: int = 512 * 1024 * 1024
@@ -95,6 +107,7 @@ class TraceConfig:
                     "max_samples_per_step_per_worker must be None (trace all), 0 (trace none) "
                     f"or a positive integer, got {n!r}"
                 )
+        self._check_keep()
         for name in (
             "max_buffer_trajectories",
             "max_buffer_bytes",
@@ -122,6 +135,37 @@ class TraceConfig:
                 f"on_backend_error must be 'raise' or 'warn', got {self.on_backend_error!r}"
             )
 
+    def _check_keep(self) -> None:
+        keep = self.keep
+        if keep is None:
+            keep = []
+        elif isinstance(keep, str):
+            keep = [k.strip() for k in keep.split(",") if k.strip()]
+        elif not isinstance(keep, (list, tuple)):
+            raise ConfigError(f"keep must be a list of rule names, got {keep!r}")
+        self.keep = [str(k).strip().lower() for k in keep]
+        for rule in self.keep:
+            if rule not in KEEP_RULES:
+                raise ConfigError(
+                    f"unknown keep rule {rule!r}{did_you_mean(rule, KEEP_RULES)}; valid rules: "
+                    f"{', '.join(KEEP_RULES)}"
+                )
+        if self.keep_predicate is not None and not callable(self.keep_predicate):
+            raise ConfigError("keep_predicate must be a callable (record) -> bool")
+        if "predicate" in self.keep and self.keep_predicate is None:
+            raise ConfigError("keep rule 'predicate' needs keep_predicate=<callable(record)>")
+        for name in ("keep_max_per_step", "keep_group_size"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise ConfigError(f"{name} must be None or a positive integer, got {value!r}")
+
+    @property
+    def keep_on(self) -> bool:
+        """Whether any keep rule is configured (every trajectory is then recorded)."""
+        return bool(self.keep) or self.keep_predicate is not None
+
     @property
     def backends(self) -> list[str]:
         assert isinstance(self.backend, list)
@@ -129,7 +173,9 @@ class TraceConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.backends) and self.max_samples_per_step_per_worker != 0
+        return bool(self.backends) and (
+            self.max_samples_per_step_per_worker != 0 or self.keep_on
+        )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> TraceConfig:

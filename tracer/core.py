@@ -42,6 +42,7 @@ class Tracer:
         self.annotator: Any = None
         self._annotator_lock = threading.Lock()
         self.active = False
+        self.keep_on = self.config.keep_on
 
     def start(self) -> Tracer:
         """Create the backends (so configuration and connection errors surface here)."""
@@ -74,7 +75,10 @@ class Tracer:
 
     # hot path
     def admit(self, step: Any, sample_index: Any, validate: bool) -> tuple[bool, Any]:
-        return self.sampler.admit(step, sample_index, validate)
+        traced, sample_index = self.sampler.admit(step, sample_index, validate)
+        # keep rules: a trajectory head sampling leaves out is recorded all the same, as a tail
+        # candidate decided at its end (tracer/keep.py); the pipeline asks the sampler again
+        return traced or self.keep_on, sample_index
 
     def submit(self, traj: Any) -> None:
         pipeline = self.pipeline
@@ -124,6 +128,10 @@ class Tracer:
         return bool(self.annotator.put(record, raw))
 
     # control
+    def end_step(self, step: Any, validate: bool | None = None) -> None:
+        if self.pipeline is not None:
+            self.pipeline.end_step(step, validate)
+
     def flush(self, timeout_s: float | None = None) -> bool:
         timeout = self.config.export_timeout_s if timeout_s is None else timeout_s
         ok = True
@@ -212,6 +220,21 @@ def flush(timeout_s: float | None = None) -> bool:
     True only when nothing is left waiting and nothing was lost since the previous flush; what
     is left stays in the spool, and ``metrics()`` says where each trajectory is."""
     return get_tracer().flush(timeout_s)
+
+
+def end_step(step: Any, validate: bool | None = None) -> None:
+    """Tell the keep rules that ``step`` is over (both its training and validation rollouts
+    when ``validate`` is None): its min/max rewards and open groups are decided now, in the
+    background, after every trajectory finished so far. Never blocks; a no-op without keep
+    rules. Without it a step is decided at ``flush()`` or when newer steps pile up.
+
+    Example::
+
+        for step in range(steps):
+            rollouts = run_step(step)
+            tracer.end_step(step)
+    """
+    get_tracer().end_step(step, validate)
 
 
 def shutdown(timeout_s: float | None = None) -> bool:

@@ -53,6 +53,7 @@ DROP_REASONS = (
     "build_error",  # the record could not be built (an internal error, logged)
     "internal_error",  # a tracer bug in the pipeline itself (logged, and raised in our tests)
     "evicted_by_sampling",  # displaced by a sample with a lower hash (not a loss: by design)
+    "not_kept",  # a tail candidate no keep rule kept, or with no room to wait (by design)
 )
 
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.backends.base import Exporter, as_exporter
 from tracer.errors import InternalErrors, log_every
 from tracer.export_worker import ExportWorker
+from tracer.keep import KeepRules
 from tracer.record import TrajectoryRecord
 from tracer.record_builder import build_record
 from tracer.redact import Redactor
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
     from tracer.trajectory import Trajectory
 
 log = logging.getLogger("tracer")
+
+# Drop reasons that are decisions, not losses (flush() still returns True)
+NOT_LOSSES = ("evicted_by_sampling", "not_kept")
 
 
 class Pipeline:
@@ -65,6 +69,10 @@ class Pipeline:
         )
         self._init_state()
         self.workers = [self._worker(f()) for f in exporter_factories]
+        self.keep: KeepRules | None = None
+        if config.keep_on:
+            self.keep = KeepRules(config.keep, config.keep_max_per_step, config.keep_group_size,
+                                  config.keep_predicate, config.sampling_seed)  # fmt: skip
         self._forked = False
         ref = weakref.WeakMethod(self._after_fork)
         os.register_at_fork(after_in_child=lambda: (m := ref()) and m())
@@ -103,6 +111,7 @@ class Pipeline:
         self.processor: threading.Thread | None = None
         self.closed = False
         self._lost_at_last_flush = 0
+        self._end_steps: list[tuple[Any, bool | None]] = []  # tracer.end_step requests
 
     def _after_fork(self) -> None:
         # The parent exports what was buffered before the fork; the child starts empty, with
@@ -110,6 +119,10 @@ class Pipeline:
         self._init_state()
         self.workers = []
         self._forked = True
+        if self.keep is not None:  # the parent decides what it held; the child starts empty
+            c = self.config
+            self.keep = KeepRules(c.keep, c.keep_max_per_step, c.keep_group_size,
+                                  c.keep_predicate, c.sampling_seed)  # fmt: skip
 
     # hot path -------------------------------------------------------------------------
     def submit(self, traj: Trajectory) -> None:
@@ -118,6 +131,10 @@ class Pipeline:
             seq = self.submitted
             if self.closed:
                 self._drop_before_workers(1, "after_shutdown")
+                return
+            keep = self.keep
+            if keep is not None and not self._room_for_candidate(keep, traj):
+                self._drop_before_workers(1, "not_kept")
                 return
             if (
                 len(self.buffer) < self.config.max_buffer_trajectories
@@ -146,11 +163,23 @@ class Pipeline:
                 self.config.max_buffer_trajectories, self.config.max_buffer_bytes, n)  # fmt: skip
         self._process_guarded([(seq, traj)], token)
 
+    def _room_for_candidate(self, keep: KeepRules, traj: Trajectory) -> bool:
+        """Tail candidates (in the buffer and held by the keep rules) use at most half of the
+        buffer's bounds, so they never crowd out head-sampled trajectories; one that finds no
+        room is dropped (``not_kept``), never spilled to disk (caller holds ``lock``)."""
+        c = self.config
+        if (
+            len(self.buffer) + keep.held < c.max_buffer_trajectories // 2
+            and self.buffered_bytes + keep.held_bytes + traj.nbytes <= c.max_buffer_bytes // 2
+        ):
+            return True
+        return self.sampler.holds(traj.step, traj.sample_index, traj.validate)
+
     def _drop_before_workers(self, n: int, reason: str) -> None:
         """Count trajectories lost before reaching any backend (caller holds ``lock``)."""
         self.dropped[reason] += n
-        if reason != "evicted_by_sampling":
-            total = sum(v for k, v in self.dropped.items() if k != "evicted_by_sampling")
+        if reason not in NOT_LOSSES:
+            total = sum(v for k, v in self.dropped.items() if k not in NOT_LOSSES)
             if log_every(total):
                 log.warning("rollout-tracer: %d trajectories dropped (%s); %d so far",
                             n, reason, total)
@@ -172,6 +201,7 @@ class Pipeline:
                 self.wake.wait(self.config.flush_interval_s)
                 self.wake.clear()
                 self._drain()
+                self._end_requested_steps()
                 with self.lock:
                     if self.closed and not self.buffer:
                         return
@@ -210,16 +240,19 @@ class Pipeline:
         """Build, redact and serialize records, then hand them to every worker. Every
         trajectory taken here ends up in a worker or in a drop counter, whatever happens."""
         records: list[TrajectoryRecord] = []
+        seqs: list[int] = []
+        from_keep = 0  # records released by the keep rules (some from earlier batches)
         nbytes = 0
         settled = 0  # trajectories of this batch already counted (evicted, build error)
         handed = 0  # workers that have the records
         try:
             tokenizer = self.tokenizer()
-            for _seq, traj in batch:
+            for seq, traj in batch:
                 with self.lock:
                     self.hot_ns += traj.hot_ns
                     self.hot_trajectories += 1
-                if not self.sampler.confirm(traj.step, traj.sample_index, traj.validate):
+                head = self.sampler.confirm(traj.step, traj.sample_index, traj.validate)
+                if not head and self.keep is None:
                     with self.lock:  # displaced by a sample with a lower hash, by design
                         self._drop_before_workers(1, "evicted_by_sampling")
                     settled += 1
@@ -234,6 +267,18 @@ class Pipeline:
                     settled += 1
                     self.errors.report("building a trace record", exc, background=True)
                     continue
+                if self.keep is not None:  # decided here or later (held, pending)
+                    released, not_kept = self.keep.observe(seq, record, traj.nbytes, head)
+                    settled += 1  # held, dropped or in records (counted in from_keep)
+                    from_keep += len(released)
+                    if not_kept:
+                        with self.lock:
+                            self._drop_before_workers(not_kept, "not_kept")
+                    for kept_seq, kept in released:
+                        seqs.append(kept_seq)
+                        records.append(kept)
+                    continue
+                seqs.append(seq)
                 records.append(record)
                 nbytes += traj.nbytes
             if not records:
@@ -242,21 +287,72 @@ class Pipeline:
             if any(w.spool is not None for w in self.workers):
                 lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
                 nbytes = sum(len(line) for line in lines)
+            elif self.keep is not None:
+                nbytes = 512 * len(records)  # released records: their size is not tracked
             for w in self.workers:
-                w.put(batch[0][0], records, lines, nbytes)
+                w.put(min(seqs), records, lines, nbytes)
                 handed += 1
         except Exception as exc:
             # Something unexpected after the trajectories left the buffer: whatever no worker
             # got is counted as lost (never silently), then the loop goes on.
             if handed == 0:
                 with self.lock:
-                    self._drop_before_workers(len(batch) - settled,
+                    self._drop_before_workers(len(batch) - settled + from_keep,
                                               "internal_error")
             else:
                 for w in self.workers[handed:]:
                     with w.cond:
                         w.dropped["internal_error"] += len(records)
             self.errors.report("processing trajectories", exc, background=True)
+
+    # keep rules -----------------------------------------------------------------------
+    def end_step(self, step: Any, validate: bool | None = None) -> None:
+        """Ask the processing thread to finish ``step`` for the keep rules once everything
+        submitted so far is processed (never blocks)."""
+        if self.keep is None:
+            return
+        with self.lock:
+            self._end_steps.append((step, validate))
+            if self.processor is None:
+                self._start()
+        self.wake.set()
+
+    def _end_requested_steps(self) -> None:
+        if self.keep is None:
+            return
+        with self.lock:
+            requests, self._end_steps = self._end_steps, []
+        for step, validate in requests:
+            self._hand_released(self.keep.end_step(step, validate))
+
+    def _hand_released(self, released: tuple[list[tuple[int, TrajectoryRecord]], int]) -> None:
+        """Hand trajectories the keep rules decided on outside ``_process`` to every worker."""
+        kept, not_kept = released
+        if not_kept:
+            with self.lock:
+                self._drop_before_workers(not_kept, "not_kept")
+        if not kept:
+            return
+        records = [record for _seq, record in kept]
+        handed = 0
+        try:
+            lines = None
+            nbytes = 512 * len(records)
+            if any(w.spool is not None for w in self.workers):
+                lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
+                nbytes = sum(len(line) for line in lines)
+            for w in self.workers:
+                w.put(min(seq for seq, _ in kept), records, lines, nbytes)
+                handed += 1
+        except Exception as exc:
+            if handed == 0:
+                with self.lock:
+                    self._drop_before_workers(len(records), "internal_error")
+            else:
+                for w in self.workers[handed:]:
+                    with w.cond:
+                        w.dropped["internal_error"] += len(records)
+            self.errors.report("handing kept trajectories", exc, background=True)
 
     # control --------------------------------------------------------------------------
     def _outstanding(self, target: int) -> bool:
@@ -282,8 +378,10 @@ class Pipeline:
                     break
                 time.sleep(0.005)
                 self.wake.set()
-            if ok:
-                ok = all([w.wait(target, deadline) for w in self.workers])
+        if self.keep is not None:  # flush decides: every step held so far is finished
+            self._hand_released(self.keep.finish_all())
+        if started and ok:
+            ok = all([w.wait(target, deadline) for w in self.workers])
         lost = self._lost_total()
         if lost > self._lost_at_last_flush:
             ok = False
@@ -292,7 +390,7 @@ class Pipeline:
         return ok
 
     def _lost_total(self) -> int:
-        n = sum(v for k, v in self.dropped.items() if k != "evicted_by_sampling")
+        n = sum(v for k, v in self.dropped.items() if k not in NOT_LOSSES)
         return n + sum(sum(w.dropped.values()) for w in self.workers)
 
     def _processor_alive(self) -> bool:
@@ -355,6 +453,8 @@ class Pipeline:
     def metrics(self) -> dict[str, Any]:
         with self.lock:
             pending = len(self.buffer) + sum(n for _, n in self.in_process.values())
+            if self.keep is not None:
+                pending += self.keep.held
             m: dict[str, Any] = {
                 "tracer/submitted": self.submitted,
                 "tracer/queue_depth": len(self.buffer),
@@ -373,6 +473,8 @@ class Pipeline:
             for reason, count in self.dropped.items():
                 m[f"tracer/dropped/{reason}"] = count
             before_workers = sum(self.dropped.values())
+        if self.keep is not None:
+            m.update(self.keep.metrics())
         for w in self.workers:
             prefix = f"tracer/{w.name}/"
             wm = w.metrics(prefix)

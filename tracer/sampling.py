@@ -93,6 +93,15 @@ class Sampler:
             state.rejected.add(sample_index)
             return False, sample_index
 
+    def holds(self, step: Any, sample_index: Any, validate: bool) -> bool:
+        """Whether head sampling keeps this sample now (no side effect; the keep rules ask it
+        for a trajectory that finds the buffer full)."""
+        if self.max_samples is None:
+            return True
+        with self._lock:
+            state = self._steps.get((step, bool(validate)))
+            return state is not None and sample_index in state.kept
+
     def confirm(self, step: Any, sample_index: Any, validate: bool) -> bool:
         """Called by the pipeline before export: True (and pinned) if the sample is still kept."""
         if self.max_samples is None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tracer.readers.health import Health, analyze
 from tracer.readers.rows import Rows, records_rows
 from tracer.readers.schema import TABLES, arrow_schema
 from tracer.readers.sources import Selection, iter_records, parse_steps
@@ -90,11 +91,13 @@ def export_pages(
     fmt: str = "parquet",
     on_page: Callable[[int], None] | None = None,
     tokenizer: Any = None,
+    health: Health | None = None,
 ) -> ExportSummary:
     """Write ``out/{trajectories,turns,tool_calls,tokens}.{parquet,jsonl}`` page by page; only
     one page of records is in memory at a time. ``on_page(n)`` is called after each page of n
     trajectories (e.g. a progress bar's ``update``); ``tokenizer`` fills the tokens table's
-    ``token`` text."""
+    ``token`` text; ``health`` adds its step flags to the ``flags`` column (trajectory flags
+    are computed per row anyway)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     os.makedirs(out, exist_ok=True)
@@ -108,6 +111,8 @@ def export_pages(
     try:
         for page in pages:
             rows = records_rows(page, tokenizer)
+            if health is not None:
+                apply_flags(rows.trajectories, health)
             for name, writer in writers.items():
                 table_rows = rows.table(name)
                 writer.write_rows(table_rows)
@@ -137,7 +142,17 @@ def export(
     tokenizer: Any = None,
 ) -> ExportSummary:
     """Export trajectories stored by a backend (``mlflow``, ``jsonl``, ``weave``) to three
-    tables. ``entity`` is the W&B entity of a Weave project (default ``$WANDB_ENTITY``)."""
+    tables. ``entity`` is the W&B entity of a Weave project (default ``$WANDB_ENTITY``).
+
+    Step health flags need every trajectory of a step: a first pass reads the source and keeps
+    only what the rules need (a few numbers per trajectory), the second writes the tables."""
+    select = dict(experiment=experiment, tracking_uri=tracking_uri, path=path, entity=entity,
+                  selection=Selection(steps, validate), page_size=page_size)  # fmt: skip
+    health = analyze(
+        {k: row[k] for k in _HEALTH_COLUMNS}
+        for page in iter_records(source, **select)  # type: ignore[arg-type]
+        for row in records_rows(page).trajectories
+    )
     pages = iter_records(
         source,
         experiment=experiment,
@@ -147,7 +162,17 @@ def export(
         selection=Selection(steps, validate),
         page_size=page_size,
     )
-    return export_pages(pages, out, fmt, on_page, tokenizer)
+    return export_pages(pages, out, fmt, on_page, tokenizer, health=health)
+
+
+_HEALTH_COLUMNS = ("trace_id", "step", "validate", "sample_key", "reward", "accuracy",
+                   "response_tokens", "flags")  # fmt: skip
+
+
+def apply_flags(trajectory_rows: list[dict[str, Any]], health: Health) -> None:
+    """Set each row's ``flags`` to what ``health`` found for its trace id (step flags too)."""
+    for row in trajectory_rows:
+        row["flags"] = list(health.by_trace.get(str(row["trace_id"]), []))
 
 
 def rows_to_tables(rows: Rows) -> Tables:
@@ -181,6 +206,7 @@ def read_tables(
         selection=Selection(steps, validate),
     ):
         rows.extend(records_rows(page, tokenizer))
+    apply_flags(rows.trajectories, analyze(rows.trajectories))
     return rows_to_tables(rows)
 
 

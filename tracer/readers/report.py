@@ -16,12 +16,14 @@ from html import escape
 from typing import Any
 
 from tracer.readers.export import Tables
+from tracer.readers.health import FLAGS, STEP_FLAGS, Health, analyze
 from tracer.readers.report_page import page
 from tracer.readers.svg import line_chart, strip_chart
 
 MAX_TRANSCRIPTS = 2000
 MAX_GROUP_STEPS = 50
 MAX_PROMPTS = 25
+MAX_FLAG_EXAMPLES = 5  # example transcripts linked per health flag
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -195,9 +197,49 @@ def _prompts_panel(traj: Any) -> str:
     )
 
 
-def transcripts(tables: Tables, limit: int = MAX_TRANSCRIPTS) -> list[dict[str, Any]]:
-    """Per trajectory: its messages, then generate outputs and tool calls in time order."""
-    traj = tables.trajectories.sort_values(["step", "sample_key", "rollout_n"]).head(limit)
+def _health_panel(health: Health, examples: int) -> str:
+    """The Health section: each flag, its count over steps, links to example transcripts."""
+    counts = health.counts()
+    if not counts:
+        return ('<section id="health"><h2>Health</h2><p id="health-none">No health flags '
+                "(rules and thresholds: tracer/readers/health.py).</p></section>")  # fmt: skip
+    rows = []
+    for name in FLAGS:
+        if name not in counts:
+            continue
+        per_step = counts[name]
+        steps = ", ".join(f"{escape(str(k))}: {v}" for k, v in sorted(
+            per_step.items(), key=lambda kv: str(kv[0])))  # fmt: skip
+        links = " ".join(
+            f'<a class="flag-link" href="#t-{escape(t)}" data-trace="{escape(t)}">'
+            f"step {escape(str(health.step_of.get(t)))} · {escape(t[:8])}</a>"
+            for t in health.examples(name, examples)
+        )
+        level = "step" if name in STEP_FLAGS else "trajectory"
+        rows.append(
+            f'<tr data-flag="{name}"><td>{name}</td><td>{level}</td>'
+            f'<td class="flag-count">{sum(per_step.values())}</td><td>{steps}</td>'
+            f"<td>{links}</td></tr>"
+        )
+    return (
+        '<section id="health"><h2>Health</h2><p>Flagged trajectories per rule (rules and '
+        "thresholds: tracer/readers/health.py); click an example to read its transcript.</p>"
+        "<table><thead><tr><th>flag</th><th>level</th><th>trajectories</th><th>per step</th>"
+        f"<th>examples</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def transcripts(
+    tables: Tables, limit: int = MAX_TRANSCRIPTS, include: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """Per trajectory: its messages, then generate outputs and tool calls in time order
+    (the first ``limit`` by step, plus every trace id in ``include``)."""
+    ordered = tables.trajectories.sort_values(["step", "sample_key", "rollout_n"])
+    traj = ordered.head(limit)
+    if include:
+        extra = ordered[ordered["trace_id"].isin(include) & ~ordered["trace_id"].isin(
+            set(traj["trace_id"]))]  # fmt: skip
+        traj = ordered[ordered["trace_id"].isin(set(traj["trace_id"]) | set(extra["trace_id"]))]
     ids = set(traj["trace_id"])
     events: dict[str, list[tuple[Any, dict[str, Any]]]] = {i: [] for i in ids}
     for r in tables.turns[tables.turns["trace_id"].isin(ids)].itertuples():
@@ -254,7 +296,10 @@ def build_report(tables: Tables, title: str = "rollout-tracer report") -> str:
         _summary_panel(traj, stats) + _trends_panel(stats) if len(stats) else "<p>No steps.</p>"
     )
     body += _groups_panel(groups) + _prompts_panel(traj)
-    return page(title, body, transcripts(tables))
+    health = analyze(traj.to_dict("records"))
+    linked = {t for name in FLAGS for t in health.examples(name, MAX_FLAG_EXAMPLES)}
+    body = _health_panel(health, MAX_FLAG_EXAMPLES) + body
+    return page(title, body, transcripts(tables, include=linked))
 
 
 def write_report(tables: Tables, out: str, title: str = "rollout-tracer report") -> str:

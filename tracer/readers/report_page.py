@@ -77,7 +77,13 @@ document.querySelectorAll('td.cell').forEach(td => td.addEventListener('click', 
   show(td.dataset.trace);
   document.getElementById('viewer').scrollIntoView({behavior: 'smooth'});
 }));
-if (DATA.length) show(DATA[0].id);
+document.querySelectorAll('a.flag-link').forEach(a => a.addEventListener('click', ev => {
+  ev.preventDefault(); show(a.dataset.trace);
+  history.replaceState(null, '', '#t-' + a.dataset.trace);
+  document.getElementById('viewer').scrollIntoView({behavior: 'smooth'});
+}));
+const linked = location.hash.startsWith('#t-') ? location.hash.slice(3) : null;
+if (linked && byId.has(linked)) show(linked); else if (DATA.length) show(DATA[0].id);
 """
 
 

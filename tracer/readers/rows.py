@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracer.annotations import token_values
+from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
 
@@ -302,6 +303,9 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
         "prompt_tokens": first_turn.get("prompt_tokens"),
         "response_tokens": sum(response_counts) if response_counts else None,
         "error": _error_message(root) if root is not None else None,
+        "accuracy": _accuracy(spans),
+        "flags": _flags(record, turns, tools),
+        "kept_by": _text(record.attributes.get("kept_by")),
     }
     summary = summarize(token_values(record.spans))
     for name in TOKEN_SUMMARY:
@@ -312,6 +316,26 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
 # per-trajectory aggregates of the per-token values (tracer.tokens.summarize), k3 for KL
 TOKEN_SUMMARY = ("mismatch_kl_mean", "mismatch_kl_max", "ref_kl_mean", "ref_kl_max",
                  "logprob_min", "logprob_mean", "entropy_mean")  # fmt: skip
+
+
+def _accuracy(spans: list[SpanRecord]) -> float | None:
+    for span in reversed(spans):
+        if span.kind == "reward" and span.status == "OK":
+            value = _field(span.outputs, "accuracy", "acc")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+    return None
+
+
+def _flags(record: TrajectoryRecord, turns: list[Row], tools: list[Row]) -> list[str]:
+    """Trajectory flags from its own rows, plus any stored as ``flag.<name>`` tags (written
+    back by ``rollout-tracer flags --write-tags``: step flags too)."""
+    flags = trajectory_flags(record.reward, turns, tools)
+    for key, value in record.attributes.items():
+        name = key[len(TAG_PREFIX):] if key.startswith(TAG_PREFIX) else None
+        if name in FLAGS and str(value).lower() == "true" and name not in flags:
+            flags.append(name)
+    return sorted(flags, key=FLAGS.index)
 
 
 def records_rows(records: list[TrajectoryRecord], tokenizer: Any = None) -> Rows:

@@ -48,6 +48,9 @@ TRAJECTORIES: list[Column] = [
     ("logprob_min", "float64", "lowest rollout (engine) log-prob of a model token"),
     ("logprob_mean", "float64", "mean rollout (engine) log-prob over model tokens"),
     ("entropy_mean", "float64", "mean entropy over model tokens, where annotated"),
+    ("accuracy", "float64", "the reward span's `accuracy` (or `acc`) output, if it has one"),
+    ("flags", "list<string>", "health flags (tracer/readers/health.py) on this trajectory"),
+    ("kept_by", "string", "keep rules that stored it (`sampled` = head sampling), if any"),
 ]
 
 TURNS: list[Column] = [
@@ -124,6 +127,7 @@ def _arrow_type(name: str) -> Any:
         "bool": pa.bool_(),
         "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
         "list<float64>": pa.list_(pa.float64()),
+        "list<string>": pa.list_(pa.string()),
     }
     return simple[name]
 

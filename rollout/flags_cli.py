@@ -1,0 +1,89 @@
+"""``rollout-tracer flags``: the health flags of a run, for a terminal user.
+
+    rollout-tracer flags --from mlflow --tracking-uri sqlite:///mlflow.db --experiment gsm8k
+    rollout-tracer flags --from parquet --path exports/gsm8k --examples 3
+    rollout-tracer flags --from mlflow --experiment gsm8k --write-tags   # flag.<name> tags
+
+The rules and thresholds are in :mod:`tracer.readers.health`; registered in :mod:`rollout.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rollout.export_cli import _add_source_args, _source_kwargs
+
+
+def configure_flags(p: argparse.ArgumentParser) -> None:
+    _add_source_args(p, parquet=True)
+    p.add_argument("--examples", type=int, default=3, help="example trace ids per flag")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.add_argument("--write-tags", action="store_true",
+                   help="--from mlflow: write flag.<name>=true trace tags back")  # fmt: skip
+
+
+def cmd_flags(args: argparse.Namespace) -> int:
+    from tracer.readers import read_tables
+    from tracer.readers.health import STEP_FLAGS, analyze
+
+    try:
+        tables = read_tables(args.source, **_source_kwargs(args))
+    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
+        print(f"rollout-tracer flags: error: {exc}", file=sys.stderr)
+        return 2
+    health = analyze(tables.trajectories.to_dict("records"))
+    counts = health.counts()
+    if args.write_tags:
+        if args.source != "mlflow":
+            print("rollout-tracer flags: --write-tags needs --from mlflow", file=sys.stderr)
+            return 2
+        written = write_tags(args.tracking_uri, health.by_trace)
+        print(f"wrote {written} flag tags (flag.<name>) to MLflow", file=sys.stderr)
+    if args.json:
+        flags = {
+            name: {"steps": {str(k): v for k, v in per_step.items()},
+                   "examples": health.examples(name, args.examples)}
+            for name, per_step in counts.items()
+        }  # fmt: skip
+        steps = [
+            {"step": f.step, "validate": f.validate, "flag": f.name, "value": round(f.value, 4),
+             "trace_ids": f.trace_ids}
+            for f in health.steps
+        ]  # fmt: skip
+        out: dict[str, Any] = {"flags": flags, "steps": steps}
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    n = len(tables.trajectories)
+    if not counts:
+        print(f"no health flags in {n} trajectories")
+        return 0
+    print(f"health flags in {n} trajectories ({len(health.by_trace)} flagged):")
+    for name, per_step in counts.items():
+        level = "step" if name in STEP_FLAGS else "trajectory"
+        where = ", ".join(f"{k}:{v}" for k, v in sorted(per_step.items(), key=lambda kv:
+                                                         str(kv[0])))  # fmt: skip
+        print(f"  {name:<28} {sum(per_step.values()):>5} trajectories ({level}; per step "
+              f"{where})")  # fmt: skip
+        for trace_id in health.examples(name, args.examples):
+            print(f"      {trace_id}  (step {health.step_of.get(trace_id)})")
+    return 0
+
+
+def write_tags(tracking_uri: str | None, by_trace: dict[str, list[str]]) -> int:
+    """``flag.<name> = "true"`` on each flagged trace, through MLflow's own client."""
+    from mlflow.tracking import MlflowClient
+
+    from tracer.backends.mlflow_backend import mlflow_trace_id
+    from tracer.readers.health import TAG_PREFIX
+    from tracer.readers.sources import _default_tracking_uri
+
+    client = MlflowClient(tracking_uri=tracking_uri or _default_tracking_uri())
+    n = 0
+    for trace_id, names in by_trace.items():
+        for name in names:
+            client.set_trace_tag(mlflow_trace_id(trace_id), TAG_PREFIX + name, "true")
+            n += 1
+    return n

@@ -1,0 +1,257 @@
+"""Rollout health flags: documented rules over stored trajectories that point to trace ids.
+
+Pure Python over the export's rows (``tracer.readers.rows``), so every source gives the same
+flags: MLflow, JSONL, Weave, and an exported Parquet/JSONL folder. Two levels:
+
+Per trajectory (from one trajectory's turns and tool calls, at row-building time):
+
+``truncated``          a generate call ended with ``finish_reason == "length"``.
+``tool_loop``          the same tool call (name and arguments) ``tool_loop_calls`` times or more,
+                       or the same assistant text ``tool_loop_calls`` times or more.
+``identical_turns``    two consecutive assistant turns with the same (non-empty) text.
+``tool_error_burst``   ``tool_error_burst`` or more consecutive tool calls that failed.
+``short_answer_high_reward``  reward >= ``high_reward`` with a final answer of at most
+                       ``short_answer_chars`` characters (stripped).
+
+Per step (over the trajectories of one (step, validate); the flag goes on the trajectories
+that show it, and the step is counted):
+
+``truncation_rate``    more than ``truncation_rate`` of the step's trajectories are truncated;
+                       flags the truncated ones.
+``length_drift``       the step's mean response length is more than ``length_drift`` times (or
+                       less than 1/``length_drift`` of) the first step's; flags the trajectories
+                       beyond the first step's mean times ``length_drift`` (or below its
+                       mean divided by it).
+``zero_variance_rising``  the fraction of GRPO groups (>= 2 members) whose rewards are all equal
+                       is at least ``zero_variance_rise`` above the first step's; flags their
+                       members.
+``reward_without_accuracy``  one reward component carries the reward while accuracy stays flat:
+                       at least ``component_share`` of the step's mean reward is not accuracy
+                       (``reward - accuracy``) and mean accuracy is within ``flat_accuracy`` of
+                       the first step's; flags trajectories with reward > 0 and accuracy 0.
+``reward_accuracy_divergence``  since the first step, mean reward moved by ``divergence`` or more
+                       while mean accuracy moved by less than half as much in the same
+                       direction; flags trajectories with reward > 0 and accuracy 0.
+
+Steps compare with the first step of the same ``validate`` seen in the data ("baseline").
+Accuracy is the reward span's ``accuracy``/``acc`` output; rules that need it skip steps
+without it. Thresholds are fields of :class:`HealthThresholds`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+TRAJECTORY_FLAGS = ("truncated", "tool_loop", "identical_turns", "tool_error_burst",
+                    "short_answer_high_reward")  # fmt: skip
+STEP_FLAGS = ("truncation_rate", "length_drift", "zero_variance_rising",
+              "reward_without_accuracy", "reward_accuracy_divergence")  # fmt: skip
+FLAGS = TRAJECTORY_FLAGS + STEP_FLAGS
+TAG_PREFIX = "flag."  # MLflow trace tag of a flag: flag.<name> = "true"
+
+
+@dataclass
+class HealthThresholds:
+    """Every threshold a flag rule uses (see the module docstring for the rules)."""
+
+    tool_loop_calls: int = 3
+    tool_error_burst: int = 3
+    high_reward: float = 0.5
+    short_answer_chars: int = 3
+    truncation_rate: float = 0.25
+    length_drift: float = 1.5
+    zero_variance_rise: float = 0.25
+    component_share: float = 0.8
+    flat_accuracy: float = 0.05
+    divergence: float = 0.3
+
+
+@dataclass
+class StepFlag:
+    step: Any
+    validate: bool
+    name: str
+    value: float  # the measured value the rule compared with its threshold
+    trace_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Health:
+    """Flags per trajectory (trace id -> names) and per step."""
+
+    by_trace: dict[str, list[str]] = field(default_factory=dict)
+    steps: list[StepFlag] = field(default_factory=list)
+    step_of: dict[str, Any] = field(default_factory=dict)  # trace id -> step
+
+    def counts(self) -> dict[str, dict[Any, int]]:
+        """Flag -> step -> number of flagged trajectories."""
+        out: dict[str, dict[Any, int]] = defaultdict(dict)
+        for trace_id, names in self.by_trace.items():
+            step = self.step_of.get(trace_id)
+            for name in names:
+                out[name][step] = out[name].get(step, 0) + 1
+        return {name: out[name] for name in FLAGS if name in out}
+
+    def examples(self, name: str, limit: int = 5) -> list[str]:
+        ids = [t for t, names in self.by_trace.items() if name in names]
+        return sorted(ids, key=lambda t: (str(self.step_of.get(t)), t))[:limit]
+
+    def step_metrics(self, step: Any) -> dict[str, int]:
+        """``health/<flag>`` counts of one step, for a trainer's logger."""
+        return {f"health/{name}": per_step.get(step, 0) for name, per_step in
+                self.counts().items()} | {f"health/{n}": 0 for n in FLAGS if n not in
+                                          self.counts()}  # fmt: skip
+
+
+# ---------------------------------------------------------------------- per trajectory
+def trajectory_flags(
+    reward: float | None,
+    turns: Sequence[Mapping[str, Any]],
+    tool_calls: Sequence[Mapping[str, Any]],
+    th: HealthThresholds | None = None,
+) -> list[str]:
+    """Flags of one trajectory from its rows (turns and tool calls in order)."""
+    th = th or HealthThresholds()
+    flags = []
+    if any(t.get("finish_reason") == "length" for t in turns):
+        flags.append("truncated")
+    texts = [t.get("response_text") or "" for t in turns]
+    calls = [(c.get("name"), c.get("arguments")) for c in tool_calls]
+    most_call = max((calls.count(c) for c in set(calls)), default=0)
+    most_text = max((texts.count(t) for t in set(texts) if t.strip()), default=0)
+    if max(most_call, most_text) >= th.tool_loop_calls:
+        flags.append("tool_loop")
+    if any(a.strip() and a == b for a, b in itertools.pairwise(texts)):
+        flags.append("identical_turns")
+    run = best = 0
+    for c in tool_calls:
+        run = run + 1 if c.get("error") is not None else 0
+        best = max(best, run)
+    if best >= th.tool_error_burst:
+        flags.append("tool_error_burst")
+    answer = (texts[-1] if texts else "").strip()
+    if reward is not None and reward >= th.high_reward and len(answer) <= th.short_answer_chars:
+        flags.append("short_answer_high_reward")
+    return flags
+
+
+# ---------------------------------------------------------------------------- per step
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f  # NaN (pandas' missing value)
+
+
+def _flags_of(row: Mapping[str, Any]) -> list[str]:
+    value = row.get("flags")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = json.loads(value) if value.startswith("[") else value.split(",")
+    return [str(v) for v in value]
+
+
+def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = None) -> Health:
+    """Health of a run from its trajectory rows (dicts with the export's ``trajectories``
+    columns; ``flags`` holds each row's trajectory flags)."""
+    th = th or HealthThresholds()
+    health = Health()
+    by_step: dict[tuple[bool, Any], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        trace_id = str(row["trace_id"])
+        health.step_of[trace_id] = row.get("step")
+        health.by_trace[trace_id] = [f for f in _flags_of(row) if f in TRAJECTORY_FLAGS]
+        by_step[(bool(row.get("validate")), row.get("step"))].append(row)
+    baseline: dict[bool, dict[str, float | None]] = {}
+    for (validate, step), members in sorted(by_step.items(), key=lambda kv: (kv[0][0],
+                                            _num(kv[0][1]) or 0)):  # fmt: skip
+        stats = _step_stats(members)
+        base = baseline.setdefault(validate, stats)
+        for flag in _step_rules(members, stats, base, th):
+            flag.step, flag.validate = step, validate
+            health.steps.append(flag)
+            for trace_id in flag.trace_ids:
+                names = health.by_trace.setdefault(trace_id, [])
+                if flag.name not in names:
+                    names.append(flag.name)
+    for names in health.by_trace.values():
+        names.sort(key=FLAGS.index)
+    health.by_trace = {t: n for t, n in health.by_trace.items() if n}
+    return health
+
+
+def _pairs(members: list[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    return [(str(r["trace_id"]), r) for r in members]
+
+
+def _step_stats(members: list[Mapping[str, Any]]) -> dict[str, float | None]:
+    lengths = [x for x in (_num(r.get("response_tokens")) for r in members) if x is not None]
+    rewards = [x for x in (_num(r.get("reward")) for r in members) if x is not None]
+    accs = [x for x in (_num(r.get("accuracy")) for r in members) if x is not None]
+    groups: dict[str, list[float | None]] = defaultdict(list)
+    for r in members:
+        groups[str(r.get("sample_key"))].append(_num(r.get("reward")))
+    sized = [g for g in groups.values() if len(g) >= 2]
+    zero = sum(1 for g in sized if len(set(g)) == 1) / len(sized) if sized else None
+    return {"length": _mean(lengths), "reward": _mean(rewards), "accuracy": _mean(accs),
+            "zero_variance": zero}  # fmt: skip
+
+
+def _step_rules(
+    members: list[Mapping[str, Any]],
+    stats: dict[str, float | None],
+    base: dict[str, float | None],
+    th: HealthThresholds,
+) -> list[StepFlag]:
+    out = []
+    truncated = [i for i, r in _pairs(members) if "truncated" in _flags_of(r)]
+    rate = len(truncated) / len(members)
+    if rate > th.truncation_rate:
+        out.append(StepFlag(None, False, "truncation_rate", rate, truncated))
+    length, base_length = stats["length"], base["length"]
+    if length is not None and base_length:
+        ratio = length / base_length
+        if ratio > th.length_drift or ratio < 1 / th.length_drift:
+            up = ratio > 1
+            hit = [i for i, r in _pairs(members) if (n := _num(r.get("response_tokens")))
+                   is not None and (n > base_length * th.length_drift if up
+                                    else n < base_length / th.length_drift)]  # fmt: skip
+            out.append(StepFlag(None, False, "length_drift", ratio, hit))
+    zero, base_zero = stats["zero_variance"], base["zero_variance"]
+    if zero is not None and base_zero is not None and zero - base_zero >= th.zero_variance_rise:
+        groups: dict[str, list[str]] = defaultdict(list)
+        rewards: dict[str, set[float | None]] = defaultdict(set)
+        for i, r in _pairs(members):
+            groups[str(r.get("sample_key"))].append(i)
+            rewards[str(r.get("sample_key"))].add(_num(r.get("reward")))
+        hit = [i for k, g in groups.items() if len(g) >= 2 and len(rewards[k]) == 1 for i in g]
+        out.append(StepFlag(None, False, "zero_variance_rising", zero, hit))
+    reward, acc, base_acc = stats["reward"], stats["accuracy"], base["accuracy"]
+    no_acc = [i for i, r in _pairs(members)
+              if (_num(r.get("reward")) or 0) > 0 and _num(r.get("accuracy")) == 0]  # fmt: skip
+    if reward and acc is not None and base_acc is not None:
+        share = (reward - acc) / reward
+        if share >= th.component_share and abs(acc - base_acc) <= th.flat_accuracy:
+            out.append(StepFlag(None, False, "reward_without_accuracy", share, no_acc))
+    base_reward = base["reward"]
+    if reward is not None and base_reward is not None and acc is not None and base_acc is not None:
+        d_reward, d_acc = reward - base_reward, acc - base_acc
+        if abs(d_reward) >= th.divergence and d_acc * (1 if d_reward > 0 else -1) < abs(
+            d_reward
+        ) / 2:
+            out.append(StepFlag(None, False, "reward_accuracy_divergence", d_reward - d_acc,
+                                no_acc))  # fmt: skip
+    return [f for f in out if f.trace_ids]
