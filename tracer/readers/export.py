@@ -11,10 +11,11 @@ DataFrames.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,13 +92,17 @@ def export_pages(
     fmt: str = "parquet",
     on_page: Callable[[int], None] | None = None,
     tokenizer: Any = None,
-    health: Health | None = None,
+    step_flags: bool = True,
 ) -> ExportSummary:
-    """Write ``out/{trajectories,turns,tool_calls,tokens}.{parquet,jsonl}`` page by page; only
-    one page of records is in memory at a time. ``on_page(n)`` is called after each page of n
-    trajectories (e.g. a progress bar's ``update``); ``tokenizer`` fills the tokens table's
-    ``token`` text; ``health`` adds its step flags to the ``flags`` column (trajectory flags
-    are computed per row anyway)."""
+    """Write ``out/{trajectories,turns,tool_calls,tokens}.{parquet,jsonl}`` in one pass over
+    ``pages``; only one page of records is in memory at a time. ``on_page(n)`` is called after
+    each page of n trajectories (e.g. a progress bar's ``update``); ``tokenizer`` fills the
+    tokens table's ``token`` text.
+
+    Step health flags need every trajectory of a step, so the trajectories table is written
+    last: its rows wait in a temporary JSON-lines file next to the output (one small row per
+    trajectory) while the other tables stream, and the few numbers the rules need are kept in
+    memory; then the rows are written with their ``flags``. The source is read once."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     os.makedirs(out, exist_ok=True)
@@ -108,22 +113,57 @@ def export_pages(
     }
     counts = dict.fromkeys(TABLES, 0)
     pages_written = 0
+    held = os.path.join(out, ".trajectories.pending.jsonl")
+    facts: list[dict[str, Any]] = []
+    page_rows: list[int] = []  # trajectories per page: the table keeps one row group a page
     try:
-        for page in pages:
-            rows = records_rows(page, tokenizer)
-            if health is not None:
-                apply_flags(rows.trajectories, health)
-            for name, writer in writers.items():
-                table_rows = rows.table(name)
-                writer.write_rows(table_rows)
-                counts[name] += len(table_rows)
-            pages_written += 1
-            if on_page is not None:
-                on_page(len(page))
+        with open(held, "w", encoding="utf-8") as pending:
+            for page in pages:
+                rows = records_rows(page, tokenizer)
+                for name, writer in writers.items():
+                    table_rows = rows.table(name)
+                    counts[name] += len(table_rows)
+                    if name == "trajectories" and step_flags:
+                        page_rows.append(len(table_rows))
+                        for row in table_rows:
+                            facts.append({k: row.get(k) for k in _HEALTH_COLUMNS})
+                            pending.write(json.dumps(row, default=_json_default) + "\n")
+                    else:
+                        writer.write_rows(table_rows)
+                pages_written += 1
+                if on_page is not None:
+                    on_page(len(page))
+        if step_flags:
+            health = analyze(facts)
+            del facts
+            writer = writers["trajectories"]
+            rows_iter = _read_pending(held)
+            for n in page_rows:
+                batch = [next(rows_iter) for _ in range(n)]
+                apply_flags(batch, health)
+                writer.write_rows(batch)
     finally:
         for writer in writers.values():
             writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(held)
     return ExportSummary(rows=counts, pages=pages_written, files=files)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return {"__datetime__": value.isoformat()}
+    return str(value)
+
+
+def _read_pending(path: str) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            for key, value in row.items():
+                if isinstance(value, dict) and "__datetime__" in value:
+                    row[key] = dt.datetime.fromisoformat(value["__datetime__"])
+            yield row
 
 
 def export(
@@ -141,18 +181,9 @@ def export(
     on_page: Callable[[int], None] | None = None,
     tokenizer: Any = None,
 ) -> ExportSummary:
-    """Export trajectories stored by a backend (``mlflow``, ``jsonl``, ``weave``) to three
-    tables. ``entity`` is the W&B entity of a Weave project (default ``$WANDB_ENTITY``).
-
-    Step health flags need every trajectory of a step: a first pass reads the source and keeps
-    only what the rules need (a few numbers per trajectory), the second writes the tables."""
-    select = dict(experiment=experiment, tracking_uri=tracking_uri, path=path, entity=entity,
-                  selection=Selection(steps, validate), page_size=page_size)  # fmt: skip
-    health = analyze(
-        {k: row[k] for k in _HEALTH_COLUMNS}
-        for page in iter_records(source, **select)  # type: ignore[arg-type]
-        for row in records_rows(page).trajectories
-    )
+    """Export trajectories stored by a backend (``mlflow``, ``jsonl``, ``weave``) to the
+    tables (see ``export_pages``). ``entity`` is the W&B entity of a Weave project (default
+    ``$WANDB_ENTITY``)."""
     pages = iter_records(
         source,
         experiment=experiment,
@@ -162,7 +193,7 @@ def export(
         selection=Selection(steps, validate),
         page_size=page_size,
     )
-    return export_pages(pages, out, fmt, on_page, tokenizer, health=health)
+    return export_pages(pages, out, fmt, on_page, tokenizer)
 
 
 _HEALTH_COLUMNS = ("trace_id", "step", "validate", "sample_key", "reward", "accuracy",
