@@ -35,8 +35,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def temporary_postgres(database: str = "mlflow") -> Iterator[str]:
-    """Yields a SQLAlchemy URI (``postgresql+psycopg2://...``) of an empty database."""
+def temporary_postgres(*databases: str) -> Iterator[list[str]]:
+    """Yields SQLAlchemy URIs (``postgresql+psycopg2://...``) of empty databases, one per
+    name in ``databases`` (default: one named ``mlflow``)."""
     root = Path(tempfile.mkdtemp(prefix="rt-pg-"))
     as_user: list[str] = []
     if os.geteuid() == 0:  # postgres refuses to run as root
@@ -55,8 +56,10 @@ def temporary_postgres(database: str = "mlflow") -> Iterator[str]:
             "start",
         )  # fmt: skip
         try:
-            run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", database)
-            yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{database}"
+            names = databases or ("mlflow",)
+            for name in names:
+                run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", name)
+            yield [f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{name}" for name in names]
         finally:
             run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
     finally:

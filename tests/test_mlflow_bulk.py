@@ -190,6 +190,27 @@ def test_bulk_and_mlflow_paths_store_the_same_traces(
     assert len(search_traces(f"sqlite:///{tmp_path / 'bulk'}.db", EXP, "tags.step = '2'")) == 2
 
 
+@pytest.mark.slow
+def test_bulk_and_mlflow_paths_store_the_same_traces_on_postgresql(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks.postgres import postgres_available, temporary_postgres
+
+    if why := postgres_available():
+        pytest.skip(why)
+    records = _records()
+    with temporary_postgres("mlflow_path", "bulk") as (theirs_uri, ours_uri):
+        _exporter(theirs_uri, monkeypatch, bulk=False).export(records)
+        exporter = _exporter(ours_uri, monkeypatch, bulk=True)
+        exporter.export(records)
+        exporter.export(records, replay=True)
+        theirs, ours = _stored(theirs_uri), _stored(ours_uri)
+    assert sorted(ours) == sorted(theirs) and len(ours) == 4
+    for trace_id, want in theirs.items():
+        for key in want:
+            assert ours[trace_id][key] == want[key], (trace_id, key)
+
+
 def test_unknown_schema_revision_falls_back_with_one_log_line(
     mlflow_uri: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
