@@ -272,7 +272,17 @@ class BulkWriter:
                 ("assessments", assessments),
             ):
                 if rows:
-                    session.execute(self._inserts[name], rows)
+                    self._insert(session, name, rows)
+
+    def _insert(self, session: Any, name: str, rows: list[dict[str, Any]]) -> None:
+        stmt = self._inserts[name]
+        if self.store.db_type == "postgresql":
+            # psycopg2's executemany is one round trip per row: multi-row VALUES instead
+            # (in chunks, as MLflow's own _bulk_upsert does).
+            for i in range(0, len(rows), 200):
+                session.execute(stmt.values(rows[i : i + 200]))
+        else:
+            session.execute(stmt, rows)  # sqlite3's executemany: one C loop
 
     def _rewarded(self, session: Any, traces: list[_Trace]) -> set[str]:
         """Traces of the batch that already have a reward (logged by any path)."""
@@ -431,7 +441,11 @@ class BulkWriter:
             "response_preview": None,
             "db_payload_generation": 1,  # log_spans bumps it once for a trace it creates
             "trace_name": None,
+            "session_id": None,
         }
+        # Every row has every column: a multi-row insert needs the same keys in each row.
+        for column in (*m.TOKEN_COLUMN_BY_KEY.values(), *m.COST_COLUMN_BY_KEY.values()):
+            info[column] = None
         if root is not None:
             for column, key, role in (
                 ("request_preview", m.SpanAttributeKey.INPUTS, "user"),
