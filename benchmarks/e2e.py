@@ -1,5 +1,6 @@
 """Section 2: N trajectories of 5 spans (trajectory, generate, parse, tool, reward) into an
-embedded MLflow sqlite store: time until durable, and how many MLflow holds when read back.
+embedded MLflow sqlite store: time until durable, and how many MLflow holds when read back;
+then the same on PostgreSQL-backed stores when a throwaway server can be started here.
 
 * ours: ``tracer`` with the ``mlflow`` backend; durable when ``tracer.flush()`` returns.
 * MLflow fluent API at its defaults (async trace logging): one root span with four child spans
@@ -211,6 +212,23 @@ def run(quick: bool) -> dict[str, Any]:
         out["ours_export_breakdown"] = export_breakdown(min(n, 100), mlflow_store(tmp, "bd.db"))
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(1) as pool:
+            out["mlflow_fluent"] = pool.apply(mlflow_fluent, (n, fluent_uri))
+    out["per_durable_trace"] = per_durable_trace(out["ours"], out["mlflow_fluent"])
+    out["postgresql"] = on_postgresql(n)
+    return out
+
+
+def on_postgresql(n: int) -> dict[str, Any]:
+    """The same two runs on PostgreSQL-backed stores (a throwaway local server), when one can
+    be started here."""
+    from benchmarks.postgres import postgres_available, temporary_postgres
+
+    if why := postgres_available():
+        return {"skipped": why}
+    out: dict[str, Any] = {"n": n}
+    with temporary_postgres("ours", "fluent") as (ours_uri, fluent_uri):
+        out["ours"] = ours(n, ours_uri)
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
             out["mlflow_fluent"] = pool.apply(mlflow_fluent, (n, fluent_uri))
     out["per_durable_trace"] = per_durable_trace(out["ours"], out["mlflow_fluent"])
     return out
