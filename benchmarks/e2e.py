@@ -1,5 +1,6 @@
 """Section 2: N trajectories of 5 spans (trajectory, generate, parse, tool, reward) into an
-embedded MLflow sqlite store: time until durable, and how many MLflow holds when read back.
+embedded MLflow sqlite store: time until durable, and how many MLflow holds when read back;
+then the same on PostgreSQL-backed stores when a throwaway server can be started here.
 
 * ours: ``tracer`` with the ``mlflow`` backend; durable when ``tracer.flush()`` returns.
 * MLflow fluent API at its defaults (async trace logging): one root span with four child spans
@@ -62,9 +63,25 @@ def _produce(n: int, first_step: int = 0) -> None:
             reward("84", "84")
 
 
+def _writer_log() -> list[str]:
+    """Collects the MLflow backend's line saying it fell back from the bulk writer."""
+    import logging
+
+    lines: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "bulk writer" in record.getMessage():
+                lines.append(record.getMessage()[:300])
+
+    logging.getLogger("tracer").addHandler(Catch())
+    return lines
+
+
 def ours(n: int, uri: str) -> dict[str, Any]:
     import tracer
 
+    fallback = _writer_log()
     tracer.init(
         {"backend": "mlflow", "tracking_uri": uri, "project_name": EXPERIMENT, "token2text": False}
     )
@@ -79,6 +96,8 @@ def ours(n: int, uri: str) -> dict[str, Any]:
         "produce_s": round(produced, 3),
         "durable_s": round(durable, 3),
         "flush_ok": flushed,
+        "writer": "mlflow log_spans (fallback)" if fallback else "bulk",
+        "fallback_reason": fallback[:1],
         "stored": count_traces(uri, EXPERIMENT),
         "dropped": metrics.get("tracer/dropped_buffer_full", 0)
         + metrics.get("tracer/mlflow/dropped", 0),
@@ -108,8 +127,20 @@ def export_breakdown(n: int, uri: str) -> dict[str, Any]:
     exporter.export(records)
     prof.disable()
     total = time.perf_counter() - t0
-    wanted = ("log_spans", "_log_rewards", "get_trace_info", "log_assessment")
-    out: dict[str, Any] = {"records": len(records), "export_ms_per_trajectory": 0.0}
+    wanted = (
+        "log_spans",
+        "_log_rewards",
+        "get_trace_info",
+        "log_assessment",
+        "write",  # the bulk writer: one transaction per batch
+        "_trace",  # its rows of one trace (built before the transaction)
+        "translate_span_when_storing",
+    )
+    out: dict[str, Any] = {
+        "records": len(records),
+        "writer": "bulk" if exporter.bulk is not None else "mlflow log_spans (fallback)",
+        "export_ms_per_trajectory": 0.0,
+    }
     out["export_ms_per_trajectory"] = round(total / max(1, len(records)) * 1e3, 2)
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     calls: dict[str, list[float]] = {}
@@ -182,7 +213,37 @@ def run(quick: bool) -> dict[str, Any]:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(1) as pool:
             out["mlflow_fluent"] = pool.apply(mlflow_fluent, (n, fluent_uri))
+    out["per_durable_trace"] = per_durable_trace(out["ours"], out["mlflow_fluent"])
+    out["postgresql"] = on_postgresql(n)
     return out
+
+
+def on_postgresql(n: int) -> dict[str, Any]:
+    """The same two runs on PostgreSQL-backed stores (a throwaway local server), when one can
+    be started here."""
+    from benchmarks.postgres import postgres_available, temporary_postgres
+
+    if why := postgres_available():
+        return {"skipped": why}
+    out: dict[str, Any] = {"n": n}
+    with temporary_postgres("ours", "fluent") as (ours_uri, fluent_uri):
+        out["ours"] = ours(n, ours_uri)
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            out["mlflow_fluent"] = pool.apply(mlflow_fluent, (n, fluent_uri))
+    out["per_durable_trace"] = per_durable_trace(out["ours"], out["mlflow_fluent"])
+    return out
+
+
+def per_durable_trace(o: dict[str, Any], f: dict[str, Any]) -> dict[str, Any]:
+    """ms until durable per trace MLflow holds afterwards (the fluent API's async queue may
+    drop traces: those do not count as durable), and how many times faster ours is."""
+    ours_ms = o["durable_s"] / max(1, o["stored"]) * 1e3
+    fluent_ms = f["durable_s"] / max(1, f["stored"]) * 1e3
+    return {
+        "ours_ms": round(ours_ms, 3),
+        "fluent_ms": round(fluent_ms, 3),
+        "speedup": round(fluent_ms / ours_ms, 1) if ours_ms else None,
+    }
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -148,14 +149,29 @@ def trace_into(uri: str, spool_dir: Path) -> dict[tuple[int, int, int], float]:
     return rewards
 
 
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MlflowServer, str, dict]]:
+@pytest.fixture(scope="module", params=["server", "bulk"])
+def traced(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[MlflowServer, str, dict]]:
     """A real lean ``mlflow server`` holding 9 traced trajectories (steps 1, 2: 2 samples x 2
-    rollouts; step 3: one with a very long reply)."""
+    rollouts; step 3: one with a very long reply), sent to the server (MLflow's own writer), or
+    written into its sqlite store by the bulk writer before the server starts."""
     root = tmp_path_factory.mktemp("ui-mlflow")
+    rewards = None
+    if request.param == "bulk":
+        fell_back: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda r: fell_back.append(r.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("tracer").addHandler(handler)
+        try:
+            rewards = trace_into(f"sqlite:///{root / 'mlflow.db'}", root / "spool")
+        finally:
+            logging.getLogger("tracer").removeHandler(handler)
+        assert not [line for line in fell_back if "bulk writer" in line], fell_back
     server = start_mlflow_server(root)
     try:
-        rewards = trace_into(server.url, root / "spool")
+        if rewards is None:
+            rewards = trace_into(server.url, root / "spool")
         yield server, server.experiment_id(PROJECT), rewards
     finally:
         server.stop()

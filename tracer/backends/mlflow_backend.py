@@ -1,7 +1,9 @@
 """MLflow backend: one MLflow trace per trajectory, written in batches off the hot path.
 
-Spans are built as finished OpenTelemetry spans and written with MLflow's TracingClient
-``log_spans`` (one DB transaction per batch for a sqlite store; OTLP/HTTP for a tracking
+On a sqlite or PostgreSQL store whose schema it was tested with, a batch (traces, spans,
+tags, rewards) is written in one transaction by :mod:`tracer.backends.mlflow_bulk`. Otherwise
+spans are built as finished OpenTelemetry spans and written with MLflow's TracingClient
+``log_spans`` (one DB transaction per batch for a SQL store; OTLP/HTTP for a tracking
 server). This bypasses MLflow's own async trace queue, which drops traces when it fills.
 Trace tags come from ``mlflow.traceTag.<key>`` attributes on the root span (read by MLflow's
 store), the reward is an MLflow feedback assessment named ``reward``. Re-exporting a
@@ -22,6 +24,7 @@ from typing import Any
 
 from tracer.annotations import AnnotationRecord, annotation_span, rollout_logprobs
 from tracer.backends.base import Exporter, ExportResult
+from tracer.backends.mlflow_bulk import open_bulk_writer
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.record import SpanRecord, TrajectoryRecord
@@ -65,6 +68,10 @@ class MlflowExporter(Exporter):
             self.experiment_id = self._experiment_id(config.project_name)
             self.tracing = TracingClient(self.tracking_uri)
         self.is_server = self.tracking_uri.startswith(("http://", "https://"))
+        # sqlite/PostgreSQL stores: one transaction per batch (None: MLflow's own path).
+        self.bulk = None if self.is_server else open_bulk_writer(
+            self.tracing.store, self.tracking_uri, self.experiment_id,
+            trace_id_of=mlflow_trace_id, reward_name=REWARD_ASSESSMENT)
         self._attempted: set[str] = set()  # trace ids this exporter tried to reward
         self._warned_locked = False
         self.destination = f"{self.tracking_uri}#{self.experiment_id}"  # names the spool
@@ -84,12 +91,15 @@ class MlflowExporter(Exporter):
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
-        spans = [s for record in batch for s in to_mlflow_spans(record)]
+        spans = [] if self.bulk else [s for record in batch for s in to_mlflow_spans(record)]
         if self.is_server:
             self._post_spans(spans)
         else:
             try:
-                self.tracing.log_spans(self.experiment_id, spans)
+                if self.bulk is not None:
+                    self.bulk.write(batch, replay=replay)
+                else:
+                    self.tracing.log_spans(self.experiment_id, spans)
             except Exception as exc:
                 if "locked" in str(exc).lower() and not self._warned_locked:
                     self._warned_locked = True
@@ -101,7 +111,8 @@ class MlflowExporter(Exporter):
                         "--workers 1) and set tracking_uri=http://HOST:5000.",
                         self.tracking_uri, self.tracking_uri)
                 raise
-        self._log_rewards(batch, replay)
+        if self.bulk is None:
+            self._log_rewards(batch, replay)
         if self.config.mlflow_run_id:
             self._link_to_run([mlflow_trace_id(r.trace_id) for r in batch])
         return ExportResult.SUCCESS

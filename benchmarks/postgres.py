@@ -1,0 +1,66 @@
+"""A throwaway PostgreSQL server for benchmarks and tests: ``initdb`` in a temporary folder,
+``postgres`` listening on localhost at a free port, stopped (fast) on exit. Needs PostgreSQL's
+server binaries (``initdb``, ``pg_ctl``) and psycopg2; run as root, it runs them as the
+``postgres`` user."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def postgres_available() -> str:
+    """'' when a temporary server can be started here, else why not."""
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        return "psycopg2 is not installed"
+    if not shutil.which("initdb") or not shutil.which("pg_ctl"):
+        return "PostgreSQL's initdb/pg_ctl are not on PATH"
+    if os.geteuid() == 0 and not shutil.which("runuser"):
+        return "running as root without runuser"
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def temporary_postgres(*databases: str) -> Iterator[list[str]]:
+    """Yields SQLAlchemy URIs (``postgresql+psycopg2://...``) of empty databases, one per
+    name in ``databases`` (default: one named ``mlflow``)."""
+    root = Path(tempfile.mkdtemp(prefix="rt-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        shutil.chown(root, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = root / "data", _free_port()
+
+    def run(*args: str) -> None:
+        subprocess.run([*as_user, *args], check=True, capture_output=True, timeout=120)
+
+    try:
+        run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        run(
+            "pg_ctl", "-D", str(data), "-l", str(root / "log"), "-w", "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on",
+            "start",
+        )  # fmt: skip
+        try:
+            names = databases or ("mlflow",)
+            for name in names:
+                run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", name)
+            yield [f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{name}" for name in names]
+        finally:
+            run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
