@@ -2,7 +2,10 @@
 
 Panels: reward distribution per step; mean reward and response length over steps; turns and
 tool-call success per step; GRPO groups (the ``rollout_n`` samples of each prompt side by side,
-zero-advantage groups flagged); the same prompt across steps; a transcript of any trajectory.
+zero-advantage groups flagged); the same prompt across steps; per token (where the traces hold
+log-probs or annotated trainer values, :mod:`tracer.readers.token_report`): a KL / log-prob
+heatmap per step and the trajectories to look at; a transcript of any trajectory, its tokens
+coloured by log-prob or KL.
 
     from tracer.readers import read_tables, write_report
     write_report(read_tables("parquet", path="out/"), "report.html")
@@ -18,6 +21,7 @@ from typing import Any
 from tracer.readers.export import Tables
 from tracer.readers.report_page import page
 from tracer.readers.svg import line_chart, strip_chart
+from tracer.readers.token_report import token_panels, transcript_tokens
 
 MAX_TRANSCRIPTS = 2000
 MAX_GROUP_STEPS = 50
@@ -199,11 +203,13 @@ def transcripts(tables: Tables, limit: int = MAX_TRANSCRIPTS) -> list[dict[str, 
     """Per trajectory: its messages, then generate outputs and tool calls in time order."""
     traj = tables.trajectories.sort_values(["step", "sample_key", "rollout_n"]).head(limit)
     ids = set(traj["trace_id"])
+    per_token = transcript_tokens(tables, ids)
     events: dict[str, list[tuple[Any, dict[str, Any]]]] = {i: [] for i in ids}
     for r in tables.turns[tables.turns["trace_id"].isin(ids)].itertuples():
         events[r.trace_id].append((r.start_time, {"type": "assistant",
             "text": _s(r.response_text), "finish": _s(r.finish_reason),
-            "tokens": _num(r.response_tokens)}))  # fmt: skip
+            "tokens": _num(r.response_tokens),
+            "toks": per_token.get((r.trace_id, int(r.turn_index)))}))  # fmt: skip
     for r in tables.tool_calls[tables.tool_calls["trace_id"].isin(ids)].itertuples():
         events[r.trace_id].append((r.start_time, {"type": "tool", "name": _s(r.name),
             "args": _s(r.arguments), "result": _s(r.result), "error": _s(r.error)}))  # fmt: skip
@@ -253,8 +259,9 @@ def build_report(tables: Tables, title: str = "rollout-tracer report") -> str:
     body = header + (
         _summary_panel(traj, stats) + _trends_panel(stats) if len(stats) else "<p>No steps.</p>"
     )
-    body += _groups_panel(groups) + _prompts_panel(traj)
-    return page(title, body, transcripts(tables))
+    tokens_html, token_meta = token_panels(tables)
+    body += _groups_panel(groups) + _prompts_panel(traj) + tokens_html
+    return page(title, body, transcripts(tables), token_meta)
 
 
 def write_report(tables: Tables, out: str, title: str = "rollout-tracer report") -> str:
