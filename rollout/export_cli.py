@@ -36,6 +36,8 @@ def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
         help="--validate: validation rollouts only; --no-validate: training only",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tokenizer", help="the tokens table's token text: a builtin model name "
+                   "(smollm2-135m-instruct) or a local HF folder")  # fmt: skip
 
 
 def configure_export(p: argparse.ArgumentParser) -> None:
@@ -85,7 +87,16 @@ def _source_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "entity": args.entity,
         "steps": parse_steps(args.step, args.steps),
         "validate": args.validate,
+        "tokenizer": _tokenizer(args.tokenizer),
     }
+
+
+def _tokenizer(path: str | None) -> Any:
+    if not path:
+        return None
+    from rollout.models import load_tokenizer
+
+    return load_tokenizer(path)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -2,7 +2,10 @@
 
 Panels: reward distribution per step; mean reward and response length over steps; turns and
 tool-call success per step; GRPO groups (the ``rollout_n`` samples of each prompt side by side,
-zero-advantage groups flagged); the same prompt across steps; a transcript of any trajectory.
+zero-advantage groups flagged); the same prompt across steps; per token (where the traces hold
+log-probs or annotated trainer values, :mod:`tracer.readers.token_report`): a KL / log-prob
+heatmap per step and the trajectories to look at; a transcript of any trajectory, its tokens
+coloured by log-prob or KL.
 
     from tracer.readers import read_tables, write_report
     write_report(read_tables("parquet", path="out/"), "report.html")
@@ -19,6 +22,7 @@ from tracer.readers.export import Tables
 from tracer.readers.health import FLAGS, STEP_FLAGS, Health, analyze
 from tracer.readers.report_page import page
 from tracer.readers.svg import line_chart, strip_chart
+from tracer.readers.token_report import token_panels, transcript_tokens
 
 MAX_TRANSCRIPTS = 2000
 MAX_GROUP_STEPS = 50
@@ -241,11 +245,13 @@ def transcripts(
             set(traj["trace_id"]))]  # fmt: skip
         traj = ordered[ordered["trace_id"].isin(set(traj["trace_id"]) | set(extra["trace_id"]))]
     ids = set(traj["trace_id"])
+    per_token = transcript_tokens(tables, ids)
     events: dict[str, list[tuple[Any, dict[str, Any]]]] = {i: [] for i in ids}
     for r in tables.turns[tables.turns["trace_id"].isin(ids)].itertuples():
         events[r.trace_id].append((r.start_time, {"type": "assistant",
             "text": _s(r.response_text), "finish": _s(r.finish_reason),
-            "tokens": _num(r.response_tokens)}))  # fmt: skip
+            "tokens": _num(r.response_tokens),
+            "toks": per_token.get((r.trace_id, int(r.turn_index)))}))  # fmt: skip
     for r in tables.tool_calls[tables.tool_calls["trace_id"].isin(ids)].itertuples():
         events[r.trace_id].append((r.start_time, {"type": "tool", "name": _s(r.name),
             "args": _s(r.arguments), "result": _s(r.result), "error": _s(r.error)}))  # fmt: skip
@@ -295,11 +301,12 @@ def build_report(tables: Tables, title: str = "rollout-tracer report") -> str:
     body = header + (
         _summary_panel(traj, stats) + _trends_panel(stats) if len(stats) else "<p>No steps.</p>"
     )
-    body += _groups_panel(groups) + _prompts_panel(traj)
+    tokens_html, token_meta = token_panels(tables)
+    body += _groups_panel(groups) + _prompts_panel(traj) + tokens_html
     health = analyze(traj.to_dict("records"))
     linked = {t for name in FLAGS for t in health.examples(name, MAX_FLAG_EXAMPLES)}
     body = _health_panel(health, MAX_FLAG_EXAMPLES) + body
-    return page(title, body, transcripts(tables, include=linked))
+    return page(title, body, transcripts(tables, include=linked), token_meta)
 
 
 def write_report(tables: Tables, out: str, title: str = "rollout-tracer report") -> str:

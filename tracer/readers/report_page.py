@@ -29,6 +29,11 @@ details{margin:4px 0} summary{cursor:pointer;font-weight:600}
 #transcript pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font:12px monospace}
 #transcript .reward{font-size:15px;font-weight:600;margin-top:8px}
 select{font-size:13px;max-width:100%}
+#transcript .toks{white-space:pre-wrap;word-break:break-word;font:12px/1.7 monospace;margin:2px 0}
+#transcript .tok{border-radius:2px;cursor:default} #transcript .tok:hover{outline:1px solid #111}
+#transcript .tok.none{background:#e5e7eb}
+.top{margin-right:18px} .top td:first-child{text-align:left} .top a{color:#1d4ed8}
+svg.heatmap{display:block;margin:6px 0 12px} .kl-map{overflow-x:auto}
 """
 
 JS = """
@@ -50,6 +55,31 @@ function block(cls, role, text) {
   const d = el('div', 'msg ' + cls); d.appendChild(el('div', 'role', role));
   d.appendChild(el('pre', '', text == null ? '' : String(text))); return d;
 }
+const META = JSON.parse(document.getElementById('token-meta').textContent);
+const STOPS = [[255,255,255],[254,230,140],[253,141,60],[227,26,28],[128,0,38]];
+function heat(t) {  // the same scale as the heatmap (svg.heat_color)
+  t = Math.max(0, Math.min(1, t)) * (STOPS.length - 1);
+  const i = Math.min(Math.floor(t), STOPS.length - 2), f = t - i;
+  return 'rgb(' + STOPS[i].map((a, k) => Math.round(a + (STOPS[i + 1][k] - a) * f)) + ')';
+}
+function tokenBlock(head, toks) {
+  const metric = tokSel.value, m = META.metrics[metric];
+  const col = 1 + META.fields.indexOf(metric);
+  const d = el('div', 'msg assistant');
+  d.appendChild(el('div', 'role', `${head} · coloured by ${m.label}`));
+  const line = el('div', 'toks');
+  for (const t of toks) {
+    const v = t[col];
+    const s = el('span', v == null ? 'tok none' : 'tok', t[0]);
+    if (v != null) {
+      const x = v * m.sign / m.vmax;
+      s.style.background = heat(x); if (x > 0.6) s.style.color = '#fff';
+    }
+    s.title = META.fields.map((f, k) => `${f}: ${t[k + 1] ?? '-'}`).join('\\n');
+    line.appendChild(s);
+  }
+  d.appendChild(line); return d;
+}
 function show(id) {
   const t = byId.get(id); const box = document.getElementById('transcript');
   box.innerHTML = ''; if (!t) { box.textContent = 'not in this report'; return; }
@@ -62,7 +92,8 @@ function show(id) {
   }
   for (const e of t.events) {
     if (e.type === 'assistant') {
-      box.appendChild(block('assistant', `assistant (${e.tokens ?? '?'} tokens, ${e.finish})`,
+      const head = `assistant (${e.tokens ?? '?'} tokens, ${e.finish})`;
+      box.appendChild(e.toks && tokSel ? tokenBlock(head, e.toks) : block('assistant', head,
         e.text));
     } else {
       const err = e.error != null;
@@ -73,15 +104,19 @@ function show(id) {
   box.appendChild(el('div', 'reward', `reward: ${t.reward}`));
 }
 sel.addEventListener('change', () => show(sel.value));
-document.querySelectorAll('td.cell').forEach(td => td.addEventListener('click', () => {
-  show(td.dataset.trace);
+document.querySelectorAll('[data-trace]').forEach(node => node.addEventListener('click', ev => {
+  ev.preventDefault();
+  show(node.dataset.trace);
   document.getElementById('viewer').scrollIntoView({behavior: 'smooth'});
 }));
-document.querySelectorAll('a.flag-link').forEach(a => a.addEventListener('click', ev => {
-  ev.preventDefault(); show(a.dataset.trace);
-  history.replaceState(null, '', '#t-' + a.dataset.trace);
-  document.getElementById('viewer').scrollIntoView({behavior: 'smooth'});
+document.querySelectorAll('a.flag-link').forEach(a => a.addEventListener('click', () => {
+  history.replaceState(null, '', '#t-' + a.dataset.trace);  // shown by the handler above
 }));
+const kl = document.getElementById('kl-metric');
+if (kl) kl.addEventListener('change', () => document.querySelectorAll('.kl-map').forEach(
+  d => { d.hidden = d.dataset.metric !== kl.value; }));
+const tokSel = document.getElementById('tok-metric');
+if (tokSel) tokSel.addEventListener('change', () => show(sel.value));
 const linked = location.hash.startsWith('#t-') ? location.hash.slice(3) : null;
 if (linked && byId.has(linked)) show(linked); else if (DATA.length) show(DATA[0].id);
 """
@@ -92,9 +127,20 @@ def _script_json(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/")
 
 
-def page(title: str, body: str, transcripts: list[dict[str, Any]]) -> str:
+def page(
+    title: str, body: str, transcripts: list[dict[str, Any]],
+    token_meta: dict[str, Any] | None = None,
+) -> str:  # fmt: skip
+    """The whole page. ``token_meta`` (:func:`tracer.readers.token_report.token_panels`): the
+    metrics the transcript can colour tokens by; none, no token colouring."""
+    meta = token_meta or {"fields": [], "metrics": {}}
+    options = "".join(
+        f'<option value="{escape(k)}">{escape(v["label"])}</option>'
+        for k, v in meta["metrics"].items()
+    )
+    colour = f' Colour tokens by <select id="tok-metric">{options}</select>' if options else ""
     viewer = (
-        '<section id="viewer"><h2>Transcript</h2><select id="pick"></select>'
+        f'<section id="viewer"><h2>Transcript</h2><select id="pick"></select>{colour}'
         f"<p class=meta>{len(transcripts)} trajectories embedded.</p>"
         '<div id="transcript"></div></section>'
     )
@@ -103,5 +149,6 @@ def page(title: str, body: str, transcripts: list[dict[str, Any]]) -> str:
         f"<title>{escape(title)}</title><style>{CSS}{SVG_CSS}</style></head><body><main>"
         f"<h1>{escape(title)}</h1>{body}{viewer}</main>"
         f'<script type="application/json" id="transcripts">{_script_json(transcripts)}</script>'
+        f'<script type="application/json" id="token-meta">{_script_json(meta)}</script>'
         f"<script>{JS}</script></body></html>"
     )

@@ -130,10 +130,82 @@ def strip_chart(points: list[Point], means: list[Point], title: str, xlabel: str
     return _svg(body, title)
 
 
+# white -> yellow -> orange -> red -> dark red, as the tutorial's heatmap (YlOrRd)
+_STOPS = ((255, 255, 255), (254, 230, 140), (253, 141, 60), (227, 26, 28), (128, 0, 38))
+NO_VALUE = "#e5e7eb"  # a tool/user token (loss_mask 0) or a position without the value
+
+
+def heat_color(t: float) -> str:
+    """Colour of ``t`` in [0, 1] (clipped) on the sequential scale."""
+    t = max(0.0, min(1.0, t)) * (len(_STOPS) - 1)
+    i = min(int(t), len(_STOPS) - 2)
+    f = t - i
+    a, b = _STOPS[i], _STOPS[i + 1]
+    return "#" + "".join(f"{round(x + (y - x) * f):02x}" for x, y in zip(a, b, strict=True))
+
+
+Cell = tuple[float | None, str]  # (value, hover text); None: drawn as NO_VALUE
+
+
+def heatmap(
+    rows: list[tuple[str, str]], cells: list[list[Cell]], vmax: float, title: str,
+    xlabel: str = "token position", max_width: int = 1000,
+) -> str:  # fmt: skip
+    """Rows (``(trace_id, label)``) x columns of coloured cells, ``value / vmax`` on the heat
+    scale, each with its hover text; row labels carry ``data-trace`` (click: transcript)."""
+    ncols = max((len(r) for r in cells), default=0)
+    label_w, top, row_h = 150, 26, 14
+    cw = max(1.0, min(10.0, (max_width - label_w) / max(ncols, 1)))
+    width = label_w + cw * ncols + 12
+    height = top + row_h * len(rows) + 34
+    body = [f'<text x="{width / 2:.0f}" y="16" class="t">{escape(title)}</text>']
+    for r, ((trace_id, label), row) in enumerate(zip(rows, cells, strict=True)):
+        y = top + r * row_h
+        body.append(
+            f'<text x="{label_w - 6}" y="{y + row_h - 3}" class="yl rowlabel" '
+            f'data-trace="{escape(trace_id)}">{escape(label)}</text>'
+        )
+        for c, (value, hover) in enumerate(row):
+            fill = NO_VALUE if value is None else heat_color(value / vmax if vmax > 0 else 0.0)
+            body.append(
+                f'<rect x="{label_w + c * cw:.1f}" y="{y}" width="{cw:.2f}" height="{row_h - 1}"'
+                f' fill="{fill}"><title>{escape(hover)}</title></rect>'
+            )
+    axis_y = top + row_h * len(rows) + 14
+    for t in _ticks(0, max(ncols - 1, 0), 8) if ncols > 1 else [0.0]:
+        x = label_w + (t + 0.5) * cw
+        body.append(f'<text x="{x:.1f}" y="{axis_y}" class="xl">{_fmt(t)}</text>')
+    body.append(f'<text x="{label_w + cw * ncols / 2:.0f}" y="{axis_y + 16}" class="xl">'
+                f"{escape(xlabel)}</text>")  # fmt: skip
+    return (
+        f'<svg viewBox="0 0 {width:.0f} {height}" width="{width:.0f}" height="{height}" '
+        f'role="img" aria-label="{escape(title)}" class="heatmap" '
+        f'xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>"
+    )
+
+
+def color_legend(vmax: float, label: str) -> str:
+    """A horizontal bar of the heat scale from 0 to ``vmax``."""
+    stops = "".join(
+        f'<stop offset="{i / 10:.1f}" stop-color="{heat_color(i / 10)}"/>' for i in range(11)
+    )
+    return (
+        '<svg width="320" height="34" class="legend" xmlns="http://www.w3.org/2000/svg">'
+        f'<defs><linearGradient id="heat">{stops}</linearGradient></defs>'
+        '<rect x="10" y="4" width="220" height="12" fill="url(#heat)" stroke="#9ca3af"/>'
+        f'<text x="10" y="30" class="yl" style="text-anchor:start">0</text>'
+        f'<text x="230" y="30" class="yl">≥ {vmax:.3g}</text>'
+        f'<rect x="244" y="4" width="12" height="12" fill="{NO_VALUE}"/>'
+        '<text x="260" y="15" class="lg">none</text>'
+        f"<title>{escape(label)}</title></svg>"
+    )
+
+
 CSS = """
 svg text.t{font:600 13px sans-serif;text-anchor:middle;fill:#111}
 svg text.yl{font:11px sans-serif;text-anchor:end;fill:#555}
 svg text.xl{font:11px sans-serif;text-anchor:middle;fill:#555}
 svg text.lg{font:11px sans-serif;fill:#333}
 svg line.g{stroke:#e5e7eb} svg line.a{stroke:#9ca3af}
+svg text.rowlabel{cursor:pointer} svg text.rowlabel:hover{fill:#2563eb}
 """
