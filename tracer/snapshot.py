@@ -72,7 +72,11 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
     budget = _Budget(max_items)
     out: dict[str, Any] = {}
     for name, value in zip(names, values, strict=False):
-        out[name] = _snap_safe(value, budget)
+        if type(value) is str:  # the most common argument: shared, only counted (inline)
+            budget.nbytes += len(value)
+            out[name] = value
+        else:
+            out[name] = _snap_safe(value, budget)
     for name, value in kwargs.items():
         out[name] = _snap_safe(value, budget)
     return out, budget.nbytes
@@ -135,7 +139,18 @@ def _snap(x: Any, b: _Budget, depth: int) -> Any:
         if n > b.max_items:
             keys = list(x)[: b.max_items]
             return Truncated({k: _snap(x[k], b, d) for k in keys}, n)
-        return {k: _snap(v, b, d) for k, v in x.items()}
+        out = {}
+        for k, v in x.items():  # scalar values (tool arguments, messages) without a call
+            tv = type(v)
+            if tv is str:
+                b.nbytes += len(v)
+                out[k] = v
+            elif tv in _SCALARS and tv is not bytes:
+                b.nbytes += 8
+                out[k] = v
+            else:
+                out[k] = _snap(v, b, d)
+        return out
     if t is set or t is frozenset:  # items are hashable, so shared; strings still count
         b.nbytes += 16 * len(x) + sum(len(v) for v in x if type(v) is str or type(v) is bytes)
         return frozenset(x) if len(x) <= b.max_items else Truncated(list(x)[: b.max_items], len(x))
