@@ -180,4 +180,4 @@ def test_smollm2_continues_after_a_tool_response(mlflow_uri: str) -> None:
         assert names.count("generate") >= 2 and "call_tool" in names
         gens = sorted((s for s in trace.data.spans if s.name == "generate"),
                       key=lambda s: s.start_time_ns)  # fmt: skip
-        assert "<|im_start|>tool\n42<|im_end|>" in gens[1].inputs["prompt_text"]
+        assert "<tool_response>\n42\n</tool_response><|im_end|>" in gens[1].inputs["prompt_text"]

@@ -92,10 +92,10 @@ class VllmEngine:
         self._vllm = vllm
         self.vllm_version: str = getattr(vllm, "__version__", "?")
 
-        if tokenizer is None:
-            from transformers import AutoTokenizer
+        if tokenizer is None:  # the agent loop's chat template (Hermes tools for SmolLM2)
+            from rollout.models import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            tokenizer = load_tokenizer(self.model_path)
         self.tokenizer: Any = tokenizer
 
         args: dict[str, Any] = dict(
