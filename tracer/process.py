@@ -25,6 +25,7 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     root = traj.root
     reward: float | None = None
     spans: list[SpanRecord] = []
+    tokenizer = tokenizer if tokenizer is not None else trajectory_tokenizer(traj)
     for span in traj.spans:
         attrs = _to_attrs(span.attributes, limits)
         end_ns = span.end_ns
@@ -87,6 +88,16 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         },
         spans=spans,
     )
+
+
+def trajectory_tokenizer(traj: Trajectory) -> Any:
+    """The tokenizer of the trajectory's first span that has one (its generate spans take
+    their owner's ``tokenizer``), so token2text also decodes the ids the root and other
+    spans carry; None when no span has one."""
+    for span in traj.spans:
+        if span.tokenizer is not None:
+            return span.tokenizer
+    return None
 
 
 def _to_attrs(raw: dict[str, Any] | None, limits: Limits) -> dict[str, Any]:

@@ -15,6 +15,7 @@ pinned in pyproject.toml and tests exercise them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,7 @@ from tracer.backends.base import ExportResult
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.record import TrajectoryRecord
+from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_lists, encode_full_lists
 
 try:
     import fcntl
@@ -234,12 +236,32 @@ def to_mlflow_spans(record: TrajectoryRecord) -> list[Any]:
     """Finished MLflow ``Span`` objects for one trajectory (root first).
 
     Built by :func:`tracer.backends.otel_spans.to_readable_spans` (shared with the OTLP
-    backend), every attribute value JSON-encoded as MLflow's in-process spans expect.
+    backend), every attribute value JSON-encoded as MLflow's in-process spans expect. Long
+    token-id / mask / log-prob lists show as a count and their first and last values; the
+    whole lists are kept in the span's ``rollout_tracer.full_lists`` attribute, where the
+    readers (``tracer/readers/sources.py``) put them back.
     """
     from mlflow.entities import Span
 
     request_id = dumps(mlflow_trace_id(record.trace_id))
     spans = to_readable_spans(
-        record, encode=encode_all_json, extra_attributes={"mlflow.traceRequestId": request_id}
+        _compact_token_lists(record),
+        encode=encode_all_json,
+        extra_attributes={"mlflow.traceRequestId": request_id},
     )
     return [Span(otel) for otel in spans]
+
+
+def _compact_token_lists(record: TrajectoryRecord) -> TrajectoryRecord:
+    """A copy of ``record`` whose spans show long per-token lists compactly (MLflow's UI prints
+    a list one value per line), the full lists moved to one attribute per span."""
+    spans = []
+    for span in record.spans:
+        inputs, taken_in = compact_lists(span.inputs)
+        outputs, taken_out = compact_lists(span.outputs)
+        if taken_in or taken_out:
+            attrs = {**span.attributes,
+                     FULL_LISTS_ATTRIBUTE: encode_full_lists(taken_in, taken_out)}  # fmt: skip
+            span = dataclasses.replace(span, inputs=inputs, outputs=outputs, attributes=attrs)
+        spans.append(span)
+    return dataclasses.replace(record, spans=spans)
