@@ -76,6 +76,9 @@ def test_three_turn_trajectory_in_mlflow(mlflow_uri: str, smollm2_tokenizer: Any
     assert root.name == "trajectory" and root.span_type == "AGENT"
     run = next(s for s in spans if s.name == "run")
     assert run.parent_id == root.span_id
+    # the run span's ids decode with the tokenizer of the trajectory's generate spans
+    assert all("token2text_error" not in s.attributes for s in spans)
+    assert run.get_attribute("response_text").endswith("#### 14<|im_end|>")
     kinds = sorted((s.name, s.span_type) for s in spans if s.parent_id == run.span_id)
     assert kinds == sorted(
         [("generate", "CHAT_MODEL")] * 3 + [("parse", "PARSER")] * 3

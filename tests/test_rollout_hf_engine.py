@@ -55,6 +55,51 @@ def test_tiny_qwen3_concurrent_requests_are_batched(tiny_engine: Any) -> None:
     assert len(outs[3].token_ids) <= 5 and outs[3].logprobs is None
 
 
+def test_tool_choice_required_is_one_valid_tool_call(tiny_engine: Any) -> None:
+    """Even random weights (tiny-qwen3) emit exactly one well-formed calculator call under
+    tool_choice=required (real xgrammar), whose expression matches the tool's pattern; the
+    required and free requests of one batch run as separate sub-batches."""
+    pytest.importorskip("xgrammar")
+    import re
+
+    from rollout.parser import parse_tool_calls
+    from rollout.tools import default_tools
+
+    tools = default_tools(["calculator"]).schemas()
+    pattern = tools[0]["function"]["parameters"]["properties"]["expression"]["pattern"]
+    prompt = _prompt(tiny_engine.tokenizer, "What is 6 times 7?")
+
+    def params(choice: str, seed: int) -> SamplingParams:
+        return SamplingParams(max_tokens=120, temperature=1.0, seed=seed, tool_choice=choice,
+                              tools=tools)  # fmt: skip
+
+    async def main() -> list[Any]:
+        calls = [tiny_engine.generate(prompt, params("required", s)) for s in range(3)]
+        calls.append(tiny_engine.generate(prompt, params("none", 7)))
+        return await asyncio.gather(*calls)
+
+    before = tiny_engine.batches_run
+    outs = asyncio.run(main())
+    assert sorted(tiny_engine.batch_sizes[before:]) == [1, 3]
+    for out in outs[:3]:
+        assert out.finish_reason == "stop"
+        text = tiny_engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        assert text.startswith('<tool_call>\n{"name": "calculator", "arguments": {'), text
+        [call] = parse_tool_calls(text).tool_calls
+        assert call.error is None and call.name == "calculator"
+        assert re.fullmatch(pattern, call.arguments["expression"])
+    text = tiny_engine.tokenizer.decode(outs[3].token_ids, skip_special_tokens=True)
+    assert "<tool_call>" not in text
+
+
+def test_unknown_tool_choice_lists_the_valid_ones() -> None:
+    from rollout.agent_loop import AgentLoopConfig
+
+    with pytest.raises(ValueError, match="valid: auto, required, none"):
+        AgentLoopConfig(tool_choice=["required", "sometimes"])
+    assert AgentLoopConfig(tool_choice=["required", "auto"]).tool_choice_for(5) == "auto"
+
+
 def test_generate_does_not_block_the_event_loop(tiny_engine: Any) -> None:
     prompt = _prompt(tiny_engine.tokenizer, "tell me a long story")
 
