@@ -166,6 +166,15 @@ def test_worker_runs_grpo_groups_with_policy_version(mlflow_uri: str) -> None:
     for t in step2:
         groups.setdefault(t.info.tags["sample_index"], set()).add(t.info.tags["rollout_n"])
     assert len(groups) == 3 and all(v == {"0", "1"} for v in groups.values())
+    # each GRPO group is an MLflow session (the metadata key MLflow's Sessions view reads)
+    sessions: dict[str, set[str]] = {}
+    for t in step2:
+        key = t.info.trace_metadata["mlflow.trace.session"]
+        sessions.setdefault(key, set()).add(t.info.tags["sample_index"])
+    assert len(sessions) == 3 and all(len(v) == 1 for v in sessions.values())
+    assert {f"step-2/sample-{i}" for v in sessions.values() for i in v} == {
+        k.split("/", 1)[1] for k in sessions
+    }
     # validation (trainer.val_before_train, test_freq=2): the same fixed prompts at steps 0, 2
     val = search_traces(mlflow_uri, EXP, "tags.validate = 'true'")
     seen = {(t.info.tags["step"], t.info.tags["sample_index"]) for t in val}

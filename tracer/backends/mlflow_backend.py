@@ -252,11 +252,24 @@ def to_mlflow_spans(record: TrajectoryRecord) -> list[Any]:
     return [Span(otel) for otel in spans]
 
 
+def session_id(record: TrajectoryRecord) -> str:
+    """The MLflow session of a trajectory: its GRPO group (the ``rollout_n`` samples of one
+    prompt at one step), so MLflow's Sessions view lists one row per group."""
+    kind = "val" if record.validate else "step"
+    name = record.experiment_name or record.project_name or "rollout"
+    return f"{name}/{kind}-{record.step}/sample-{record.sample_index}"
+
+
 def _compact_token_lists(record: TrajectoryRecord) -> TrajectoryRecord:
-    """A copy of ``record`` whose spans show long per-token lists compactly (MLflow's UI prints
-    a list one value per line), the full lists moved to one attribute per span."""
+    """A copy of ``record`` for MLflow: the root carries the session (its GRPO group), and
+    spans show long per-token lists compactly (MLflow's UI prints a list one value per line),
+    the full lists moved to one attribute per span."""
     spans = []
-    for span in record.spans:
+    for i, span in enumerate(record.spans):
+        if i == 0:  # the root: MLflow's store makes `session.id` the trace's session
+            span = dataclasses.replace(
+                span, attributes={**span.attributes, "session.id": session_id(record)}
+            )
         inputs, taken_in = compact_lists(span.inputs)
         outputs, taken_out = compact_lists(span.outputs)
         if taken_in or taken_out:
