@@ -97,6 +97,7 @@ class VllmEngine:
 
             tokenizer = load_tokenizer(self.model_path)
         self.tokenizer: Any = tokenizer
+        self._warned_tool_choice = False
 
         args: dict[str, Any] = dict(
             model=self.model_path,
@@ -194,6 +195,11 @@ class VllmEngine:
         )
         if params.logprobs:
             kwargs["logprobs"] = 0  # only the sampled token's logprob
+        if params.tool_choice != "auto" and params.tools and not getattr(self, "_warned_tool_choice", False):
+            # not wired to vLLM's structured outputs yet: turns are unconstrained here
+            self._warned_tool_choice = True
+            logger.warning("tool_choice=%r is not applied by the vllm engine (only by the hf "
+                           "engine, with xgrammar); generating without it", params.tool_choice)
         return self._vllm.SamplingParams(**kwargs)
 
     @staticmethod
