@@ -195,7 +195,7 @@ class VllmEngine:
         )
         if params.logprobs:
             kwargs["logprobs"] = 0  # only the sampled token's logprob
-        if params.tool_choice != "auto" and params.tools and not getattr(self, "_warned_tool_choice", False):
+        if params.tool_choice != "auto" and params.tools and not self._warned_tool_choice:
             # not wired to vLLM's structured outputs yet: turns are unconstrained here
             self._warned_tool_choice = True
             logger.warning("tool_choice=%r is not applied by the vllm engine (only by the hf "
