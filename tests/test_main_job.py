@@ -45,13 +45,13 @@ def test_default_run_in_mlflow(tmp_path: Path, mlflow_uri: str) -> None:
         # compact token ids in the UI (the export gets them whole, below)
         shown = first.inputs["prompt_ids"]
         assert isinstance(shown, str) and re.fullmatch(r"\d+ items: \[[\d, ]+…[\d, ]+\]", shown)
-        assert [s.span_type for s in _spans(trace, "interaction")] in ([], ["EVALUATOR"],
-                                                                        ["EVALUATOR"] * 2)
         for span in trace.data.spans:
             assert "token2text_error" not in (span.attributes or {}), span.name
     assert results >= 4, "most calculator calls should return a value"
     later = [g.outputs["finish_reason"] for t in train for g in _spans(t, "generate")[1:]]
     assert later.count("stop") >= len(later) // 3, later  # answers end by themselves
+    finish = [_spans(t, "run")[0].outputs["finish_reason"] for t in train]
+    assert finish.count("stop") >= 2, finish  # whole trajectories, not cut by a limit
     rewards: dict[tuple[str, str], set[Any]] = {}
     for t in train:
         key = (t.info.tags["step"], t.info.tags["sample_index"])

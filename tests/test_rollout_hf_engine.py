@@ -128,9 +128,11 @@ def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
         "trainer.total_steps=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.max_tokens_per_turn=32",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
+        # the gsm8k_feedback interaction makes SmolLM2's free-text trajectories multi-turn
+        "actor_rollout_ref.rollout.multi_turn.interaction.name=gsm8k_feedback",
+        "actor_rollout_ref.rollout.multi_turn.tool_choice=auto",
+        "trainer.test_freq=0",
     ])  # fmt: skip
-    # the default config's gsm8k_feedback interaction makes SmolLM2's trajectories multi-turn
-    assert config["actor_rollout_ref"]["rollout"]["multi_turn"]["interaction"]["name"]
     tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="hf-e2e",
                 token2text=True, raise_internal_errors=True)  # fmt: skip
     start = time.perf_counter()
