@@ -4,6 +4,8 @@ rollout with the real SmolLM2 model and tokenizer."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import time
 from typing import Any
 
@@ -228,3 +230,18 @@ def test_smollm2_continues_after_a_tool_response(mlflow_uri: str) -> None:
         gens = sorted((s for s in trace.data.spans if s.name == "generate"),
                       key=lambda s: s.start_time_ns)  # fmt: skip
         assert "<tool_response>\n42\n</tool_response><|im_end|>" in gens[1].inputs["prompt_text"]
+
+
+def test_tool_choice_config_errors_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="valid: auto, required, none"):
+        load_config(["actor_rollout_ref.rollout.multi_turn.tool_choice=[required,maybe]"])
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "xgrammar" else real_find(name, *a))
+    with pytest.raises(ValueError, match=r"pip install --no-deps xgrammar==0\.2\.9"):
+        load_config([])
+    load_config(["actor_rollout_ref.rollout.multi_turn.tool_choice=auto"])  # fine without it
+    load_config(["actor_rollout_ref.rollout.name=scripted"])  # only the hf engine needs it
+
+
+real_find = importlib.util.find_spec

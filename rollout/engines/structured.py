@@ -11,6 +11,7 @@ is ~1 GB and used on GPUs only); its other dependencies come with ``rollout-trac
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 from typing import Any
@@ -27,6 +28,18 @@ def check_tool_choice(value: Any) -> str:
     if value not in TOOL_CHOICES:
         raise ValueError(f"unknown tool_choice {value!r}; valid: {', '.join(TOOL_CHOICES)}")
     return str(value)
+
+
+def check_config(multi_turn: dict[str, Any] | None, engine: str) -> list[str]:
+    """The ``multi_turn.tool_choice`` list of a config, validated: unknown values, or
+    ``required``/``none`` on the hf engine without xgrammar installed, raise ``ValueError``
+    (at start, with the install command, not at the first generate)."""
+    raw = (multi_turn or {}).get("tool_choice") or "auto"
+    choices = [check_tool_choice(c) for c in (raw if isinstance(raw, list) else [raw])]
+    constrained = any(c != "auto" for c in choices) and (multi_turn or {}).get("enable", True)
+    if constrained and engine == "hf" and importlib.util.find_spec("xgrammar") is None:
+        raise ValueError(f"multi_turn.tool_choice={choices} needs xgrammar: {XGRAMMAR_HINT}")
+    return choices
 
 
 def xgrammar_module() -> Any:
