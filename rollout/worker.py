@@ -65,6 +65,26 @@ def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
 
 
+def validation_rows(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fixed validation set of a config: the first ``data.val_max_samples`` rows of
+    ``data.val_files`` (default: the train files), unshuffled."""
+    data = config.get("data") or {}
+    rows = load_dataset(data.get("val_files") or data["train_files"])
+    limit = data.get("val_max_samples")
+    return rows[: int(limit)] if limit is not None else rows
+
+
+def validation_steps(config: dict[str, Any], total_steps: int) -> tuple[bool, set[int]]:
+    """verl's schedule: (validate before step 1, the steps validated after): every
+    ``trainer.test_freq`` steps and the last one; nothing when ``test_freq`` is 0."""
+    trainer = config.get("trainer") or {}
+    freq = int(trainer.get("test_freq") or 0)
+    if freq <= 0:
+        return False, set()
+    after = {s for s in range(1, total_steps + 1) if s % freq == 0 or s == total_steps}
+    return bool(trainer.get("val_before_train")), after
+
+
 @dataclass
 class StepResult:
     """All trajectories of one step and their summary metrics."""
@@ -133,11 +153,7 @@ class RolloutWorker:
     def validation_rows(self) -> list[dict[str, Any]]:
         """The fixed validation set: the same prompts at every validation step."""
         if self._val_rows is None:
-            data = self.config.get("data") or {}
-            path = data.get("val_files") or data["train_files"]
-            limit = data.get("val_max_samples")
-            rows = load_dataset(path)
-            self._val_rows = rows[: int(limit)] if limit is not None else rows
+            self._val_rows = validation_rows(self.config)
         return self._val_rows
 
     def messages_for(self, row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -202,10 +218,9 @@ class RolloutWorker:
         (every that many steps and the last) say, as verl's trainer does. Validation results
         go to ``on_validate``; the returned list holds the rollout steps."""
         batches = config_batches(self.config)
-        trainer = self.config.get("trainer") or {}
-        test_freq = int(trainer.get("test_freq") or 0)
+        before, after = validation_steps(self.config, total_steps)
         results = []
-        if trainer.get("val_before_train") and test_freq > 0:
+        if before:
             val = await self.validate(0)
             if on_validate is not None:
                 on_validate(val)
@@ -214,7 +229,7 @@ class RolloutWorker:
             results.append(result)
             if on_step is not None:
                 on_step(result)
-            if test_freq > 0 and (step % test_freq == 0 or step == total_steps):
+            if step in after:
                 val = await self.validate(step)
                 if on_validate is not None:
                     on_validate(val)
