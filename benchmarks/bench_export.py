@@ -36,13 +36,14 @@ def _prepare(tmp: Path, n: int, mlflow_n: int) -> None:
         from mlflow.tracing.client import TracingClient
         from mlflow.tracking import MlflowClient
 
-        from tracer.backends.mlflow_backend import to_mlflow_spans
+        from tracer.backends.mlflow_backend import mlflow_view, to_mlflow_spans
 
         uri = f"sqlite:///{tmp / 'mlflow.db'}"
         exp_id = MlflowClient(uri).create_experiment("big")
         client = TracingClient(uri)
         for i in range(0, mlflow_n, 1000):
-            client.log_spans(exp_id, [s for r in records[i : i + 1000] for s in to_mlflow_spans(r)])
+            chunk = records[i : i + 1000]
+            client.log_spans(exp_id, [s for r in chunk for s in to_mlflow_spans(mlflow_view(r))])
 
 
 def _measure(source: str, tmp: str) -> None:

@@ -53,6 +53,21 @@ class AgentLoopConfig:
     use_tools: bool = True
     # multi_turn.interaction: {name: gsm8k_feedback | null, max_user_turns: 2}; None: off
     interaction: dict[str, Any] | None = None
+    # multi_turn.tool_choice, per assistant turn (the last one repeats): auto | required | none
+    # (vLLM's meaning; "required" is one tool call by structured decoding). ["required", "auto"]:
+    # the first turn calls a tool, later turns choose.
+    tool_choice: list[str] = field(default_factory=lambda: ["auto"])
+
+    def __post_init__(self) -> None:
+        from rollout.engines.structured import check_tool_choice
+
+        if isinstance(self.tool_choice, str):
+            self.tool_choice = [self.tool_choice]
+        self.tool_choice = [check_tool_choice(c) for c in self.tool_choice] or ["auto"]
+
+    def tool_choice_for(self, turn: int) -> str:
+        """The tool choice of assistant turn ``turn`` (0-based)."""
+        return self.tool_choice[min(turn, len(self.tool_choice) - 1)]
 
 
 @dataclass
@@ -184,7 +199,7 @@ class ToolAgentLoop:
                 result.content = result.content[:limit] + cut
         return result
 
-    @trace_op(kind="other", name="interaction")
+    @trace_op(kind="interaction", name="interaction")
     async def interact(self, messages: list[dict[str, Any]], ground_truth: Any) -> dict[str, Any]:
         """The interaction's reply to the last assistant turn: ``should_terminate``,
         ``content`` (the user message), ``reward`` and ``metadata``."""
@@ -226,6 +241,11 @@ class ToolAgentLoop:
                 break
             params = copy.copy(sampling)
             params.max_tokens = min(sampling.max_tokens, remaining)
+            if sampling.seed is not None:  # a new draw per turn, reproducible per trajectory
+                params.seed = (sampling.seed + 1_000_003 * n_assistant) % 2**32
+            if self.tool_schemas:
+                params.tool_choice = cfg.tool_choice_for(n_assistant)
+                params.tools = self.tool_schemas
             out = await self.generate(prompt_ids + response, params, messages, request_id)
             ids = out["response_ids"]
             response += ids

@@ -85,9 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         tracer.end_step(result.step)  # keep rules: the step's min/max and groups decide now
         tracking.log_step(result, tracer.metrics())  # console line, trackers (trainer.logger)
 
+    def on_validate(result: Any) -> None:
+        tracking.log_validation(result, tracer.metrics())  # val/ metrics, val/generations
+
     async def main() -> None:
         try:
-            await worker.run(steps, on_done=lambda _: bar.update(1), on_step=on_step)
+            await worker.run(steps, on_done=lambda _: bar.update(1), on_step=on_step,
+                             on_validate=on_validate)  # fmt: skip
         finally:
             await engine.close()
 

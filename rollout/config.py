@@ -101,9 +101,11 @@ def _normalize(config: dict[str, Any]) -> None:
         value = rollout[key]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"actor_rollout_ref.rollout.{key} must be a positive int: {value!r}")
+    from rollout.engines.structured import check_config
     from rollout.interaction import make_interaction  # fails at load: lists the valid names
 
     make_interaction((rollout.get("multi_turn") or {}).get("interaction"))
+    check_config(rollout.get("multi_turn"), rollout["name"])  # tool_choice values, xgrammar
 
 
 def trace_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -210,10 +210,20 @@ def resolve_model_path(path: str) -> Path:
 
 
 def load_tokenizer(path: str) -> Any:
-    """Load the HF tokenizer for a builtin name or local folder."""
+    """Load the HF tokenizer for a builtin name or local folder.
+
+    SmolLM2's own (GGUF) chat template ignores ``tools=`` and cannot render an assistant
+    message that only carries tool calls; the builtin SmolLM2 gets the project's Hermes-style
+    ChatML template (:data:`CHATML_TOOLS_TEMPLATE`, the format ``rollout/parser.py`` reads and
+    the structured decoder of ``tool_choice=required`` writes), as Qwen's tokenizers have.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(resolve_model_path(path)))
+    folder = resolve_model_path(path)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    if folder.resolve() == (cache_root() / SMOLLM2).resolve():
+        tok.chat_template = CHATML_TOOLS_TEMPLATE
+    return tok
 
 
 def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rollout.agent_loop import AgentLoopOutput
-from rollout.worker import StepResult, config_batches
+from rollout.worker import StepResult, config_batches, validation_rows, validation_steps
 
 log = logging.getLogger("rollout")
 
@@ -97,11 +97,14 @@ class RolloutActor:
         """The worker id, once the actor (engine, tracer) is up."""
         return self.worker_id
 
-    async def run_step(self, step: int, rows: list[dict[str, Any]]) -> list[AgentLoopOutput]:
-        """All ``len(rows) * n`` trajectories of this worker's share of ``step``."""
+    async def run_step(
+        self, step: int, rows: list[dict[str, Any]], validate: bool = False
+    ) -> list[AgentLoopOutput]:
+        """All ``len(rows) * n`` trajectories of this worker's share of ``step`` (validation
+        samples with ``validate``)."""
         if not rows:
             return []
-        result = await self.worker.run_step(step, rows)
+        result = await self.worker.run_step(step, rows, validate=validate)
         return result.outputs
 
     async def flush(self, step: int, timeout_s: float = 60.0) -> bool:
@@ -194,12 +197,14 @@ class RayRolloutPool:
         step: int,
         batch: Sequence[dict[str, Any]],
         on_done: Callable[[AgentLoopOutput], None] | None = None,
+        validate: bool = False,
     ) -> StepResult:
         """Run ``step`` over ``batch``: whole prompts (GRPO groups) per worker; the outputs
         come back in batch order. ``on_done`` is called per trajectory as workers finish."""
         t0 = time.perf_counter()
         chunks = split_by_prompt(batch, len(self.workers))
-        refs = [w.run_step.remote(step, c) for w, c in zip(self.workers, chunks, strict=True)]
+        refs = [w.run_step.remote(step, c, validate)
+                for w, c in zip(self.workers, chunks, strict=True)]  # fmt: skip
         if on_done is not None:
             pending = list(refs)
             while pending:
@@ -208,7 +213,8 @@ class RayRolloutPool:
                     on_done(out)
         parts: list[list[AgentLoopOutput]] = self.ray.get(refs)
         outs = [out for part in parts for out in part]
-        return StepResult(step, outs, elapsed_s=time.perf_counter() - t0)  # flush not included
+        elapsed = time.perf_counter() - t0  # flush not included
+        return StepResult(step, outs, elapsed_s=elapsed, validate=validate)
 
     def flush(self, step: int, timeout_s: float = 60.0) -> list[bool]:
         """Every worker flushes its tracer; all True: the traces of ``step`` are durable."""
@@ -226,11 +232,24 @@ class RayRolloutPool:
         on_done: Callable[[AgentLoopOutput], None] | None = None,
         on_step: Callable[[StepResult], None] | None = None,
         flush_timeout_s: float = 60.0,
+        on_validate: Callable[[StepResult], None] | None = None,
     ) -> list[StepResult]:
         """``total_steps`` steps over the configured dataset (the same batches as the
-        in-process worker), flushing every worker at the end of each step."""
+        in-process worker), flushing every worker at the end of each step; validation passes
+        on the in-process worker's schedule (``trainer.test_freq``, ``val_before_train``)."""
         batches = config_batches(self.config)
+        before, after = validation_steps(self.config, total_steps)
+        val_rows = validation_rows(self.config) if before or after else []
+
+        def validate(step: int) -> None:
+            val = self.run_step(step, val_rows, validate=True)
+            self.flush(step, flush_timeout_s)
+            if on_validate is not None:
+                on_validate(val)
+
         results = []
+        if before:
+            validate(0)
         for step in range(1, total_steps + 1):
             result = self.run_step(step, next(batches), on_done)
             ok = self.flush(step, flush_timeout_s)
@@ -243,6 +262,8 @@ class RayRolloutPool:
             results.append(result)
             if on_step is not None:
                 on_step(result)
+            if step in after:
+                validate(step)
         return results
 
     def shutdown(self, timeout_s: float = 60.0) -> list[dict[str, Any]]:
@@ -315,11 +336,17 @@ def cmd_run_ray(
         if not durable:
             tqdm.write(f"step {result.step}: traces not yet durable on every worker (spooled)")
 
+    def on_validate(result: StepResult) -> None:
+        assert pool is not None
+        if tracking is not None:  # val/ metrics and the val/generations table
+            tracking.log_validation(result, combine_tracer_metrics(pool.metrics()))
+
     final: list[dict[str, Any]] = []
     failed = True
     try:
         pool = RayRolloutPool(config, trace, k)
-        pool.run(steps, on_done=lambda _: bar.update(1), on_step=on_step)
+        pool.run(steps, on_done=lambda _: bar.update(1), on_step=on_step,
+                 on_validate=on_validate)  # fmt: skip
         failed = False
     finally:
         bar.close()

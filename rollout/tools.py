@@ -157,7 +157,15 @@ class Calculator(Tool):
     description = "Evaluate an arithmetic expression, e.g. '(12 + 30) * 3 / 2'."
     parameters = {
         "type": "object",
-        "properties": {"expression": {"type": "string", "description": "arithmetic only"}},
+        "properties": {
+            "expression": {
+                "type": "string",
+                "description": "arithmetic only",
+                # numbers, operators, parentheses: structured decoding (tool_choice=required)
+                # keeps a small model's argument arithmetic instead of prose
+                "pattern": r"^[0-9(][0-9+\-*/(). ]{0,47}$",
+            }
+        },
         "required": ["expression"],
     }
 

@@ -51,6 +51,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "trackio": ("trackio", "rollout-tracer[trackio]"),
 }
 TRACKERS = ("console", "mlflow", "wandb", "swanlab", "trackio")
+ROLLOUT_SAMPLES = "rollout/samples"  # the table key of trainer.log_rollout_generations
+VAL_GENERATIONS = "val/generations"  # the table key of trainer.log_val_generations (verl's)
 
 
 class TrackerError(ValueError):
@@ -113,7 +115,9 @@ class Tracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         raise NotImplementedError
 
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+    def log_samples(
+        self, rows: list[dict[str, Any]], step: int, key: str = ROLLOUT_SAMPLES
+    ) -> None:
         return None
 
     def finish(self, failed: bool = False) -> None:
@@ -134,7 +138,10 @@ class ConsoleTracker(Tracker):
         self.write = write
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.write(format_line(metrics, step))
+        if any(k.startswith("val/") for k in metrics):
+            self.write(format_val_line(metrics, step))
+        else:
+            self.write(format_line(metrics, step))
 
 
 def format_line(m: Mapping[str, float], step: int) -> str:
@@ -162,6 +169,17 @@ def format_line(m: Mapping[str, float], step: int) -> str:
     if any(k.startswith("tracer/") for k in m):
         parts.append(f"tracer exported {exported:.0f} dropped {dropped:.0f}")
     return " | ".join(parts)
+
+
+def format_val_line(m: Mapping[str, float], step: int) -> str:
+    """One readable line of a validation pass."""
+
+    def g(key: str, fmt: str = ".2f") -> str:
+        return format(m[key], fmt) if key in m else "-"
+
+    return (f"validation at step {step} | reward {g('val/reward/mean')} | acc "
+            f"{g('val/accuracy')} | turns {g('val/turns/mean')} | tools "
+            f"{g('val/tool_calls/mean')}")  # fmt: skip
 
 
 class MlflowTracker(Tracker):
@@ -201,9 +219,13 @@ class MlflowTracker(Tracker):
         for i in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
 
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+    def log_samples(
+        self, rows: list[dict[str, Any]], step: int, key: str = ROLLOUT_SAMPLES
+    ) -> None:
         data = {c: [r.get(c) for r in rows] for c in SAMPLE_COLUMNS}
-        self.client.log_table(self.run_id, data=data, artifact_file=f"samples/step_{step:06d}.json")
+        folder = "samples" if key == ROLLOUT_SAMPLES else key.replace("/", "_")
+        path = f"{folder}/step_{step:06d}.json"
+        self.client.log_table(self.run_id, data=data, artifact_file=path)
 
     def finish(self, failed: bool = False) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
@@ -244,9 +266,11 @@ class WandbTracker(Tracker):
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+    def log_samples(
+        self, rows: list[dict[str, Any]], step: int, key: str = ROLLOUT_SAMPLES
+    ) -> None:
         table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=_table_rows(rows))
-        self.run.log({"rollout/samples": table}, step=step)
+        self.run.log({key: table}, step=step)
 
     def finish(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
@@ -277,7 +301,9 @@ class SwanlabTracker(Tracker):
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+    def log_samples(
+        self, rows: list[dict[str, Any]], step: int, key: str = ROLLOUT_SAMPLES
+    ) -> None:
         texts = []
         for r in rows:
             text = f"prompt:\n{r.get('prompt')}\n\nresponse:\n{r.get('response')}"
@@ -285,7 +311,7 @@ class SwanlabTracker(Tracker):
                 f"sample {r.get('sample_index')}/{r.get('rollout_n')} reward={r.get('reward')}"
             )
             texts.append(self.swanlab.Text(text, caption=caption))
-        self.run.log({"rollout/samples": texts}, step=step)
+        self.run.log({key: texts}, step=step)
 
     def finish(self, failed: bool = False) -> None:
         self.run.finish(state="crashed" if failed else "success")
@@ -310,9 +336,11 @@ class TrackioTracker(Tracker):
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+    def log_samples(
+        self, rows: list[dict[str, Any]], step: int, key: str = ROLLOUT_SAMPLES
+    ) -> None:
         table = self.trackio.Table(columns=list(SAMPLE_COLUMNS), data=_table_rows(rows))
-        self.run.log({"rollout/samples": table}, step=step)
+        self.run.log({key: table}, step=step)
 
     def finish(self, failed: bool = False) -> None:
         self.run.finish()
@@ -336,11 +364,13 @@ class Tracking:
         tracking_uri: str | None = None,
         mlflow_experiment: str | None = None,
         num_samples: int = 0,
+        num_val_samples: int = 0,
         is_driver: bool = True,
         write: Callable[[str], None] | None = None,
     ) -> None:
         self.names = parse_logger(names) if is_driver else []
         self.num_samples = max(0, int(num_samples or 0))
+        self.num_val_samples = max(0, int(num_val_samples or 0))
         self.trackers: list[Tracker] = []
         self._failed: set[str] = set()
         config = dict(config or {})
@@ -382,6 +412,7 @@ class Tracking:
             tracking_uri=resolve_tracking_uri(trace),
             mlflow_experiment=(trace or {}).get("project_name"),
             num_samples=int(trainer.get("log_rollout_generations") or 0),
+            num_val_samples=int(trainer.get("log_val_generations") or 0),
             is_driver=is_driver,
             write=write,
         )
@@ -411,13 +442,30 @@ class Tracking:
             self._call(t, "log", lambda t=t: t.log(dict(clean), int(step)))  # type: ignore[misc]
         return clean
 
-    def log_samples(self, rows: Sequence[Mapping[str, Any]], step: int) -> None:
-        """Log the samples table (prompt, response, reward, ...) of ``step``."""
+    def log_samples(
+        self, rows: Sequence[Mapping[str, Any]], step: int, key: str = ROLLOUT_SAMPLES
+    ) -> None:
+        """Log the samples table (prompt, response, reward, ...) of ``step`` under ``key``."""
         if not rows:
             return
         data = [dict(r) for r in rows]
         for t in self.trackers:
-            self._call(t, "log samples", lambda t=t: t.log_samples(data, int(step)))  # type: ignore[misc]
+            log = t.log_samples
+            self._call(t, "log samples", lambda log=log: log(data, int(step), key))  # type: ignore[misc]
+
+    def log_validation(
+        self, result: Any, tracer_metrics: Mapping[str, Any] | None = None
+    ) -> dict[str, float]:
+        """Log one validation pass (a ``StepResult`` with ``validate``): ``val/...`` metrics
+        and, with ``trainer.log_val_generations: N``, a table of N generations
+        (``val/generations``) in every tracker, like verl's ``log_val_generations``."""
+        inputs = collect(result, num_samples=self.num_val_samples)
+        rollout = compute_metrics(inputs)
+        metrics = {f"val/{k.removeprefix('rollout/')}": v for k, v in rollout.items()
+                   if k.startswith("rollout/")}  # fmt: skip
+        clean = self.log(metrics, inputs.step)
+        self.log_samples(inputs.samples, inputs.step, VAL_GENERATIONS)
+        return clean
 
     def log_inputs(
         self, inputs: StepInputs, tracer_metrics: Mapping[str, Any] | None = None

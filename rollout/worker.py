@@ -61,6 +61,30 @@ def config_batches(config: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
     )  # fmt: skip
 
 
+def _as_list(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def validation_rows(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fixed validation set of a config: the first ``data.val_max_samples`` rows of
+    ``data.val_files`` (default: the train files), unshuffled."""
+    data = config.get("data") or {}
+    rows = load_dataset(data.get("val_files") or data["train_files"])
+    limit = data.get("val_max_samples")
+    return rows[: int(limit)] if limit is not None else rows
+
+
+def validation_steps(config: dict[str, Any], total_steps: int) -> tuple[bool, set[int]]:
+    """verl's schedule: (validate before step 1, the steps validated after): every
+    ``trainer.test_freq`` steps and the last one; nothing when ``test_freq`` is 0."""
+    trainer = config.get("trainer") or {}
+    freq = int(trainer.get("test_freq") or 0)
+    if freq <= 0:
+        return False, set()
+    after = {s for s in range(1, total_steps + 1) if s % freq == 0 or s == total_steps}
+    return bool(trainer.get("val_before_train")), after
+
+
 @dataclass
 class StepResult:
     """All trajectories of one step and their summary metrics."""
@@ -68,6 +92,7 @@ class StepResult:
     step: int
     outputs: list[AgentLoopOutput]
     elapsed_s: float = 0.0  # wall time of the step (rollout/metrics.py: throughput)
+    validate: bool = False  # a validation pass (trainer.test_freq / val_before_train)
 
     def metrics(self) -> dict[str, float]:
         """Mean score/accuracy, turns, tool calls and response length of the step."""
@@ -100,6 +125,7 @@ class RolloutWorker:
             tool_response_truncate_side=multi.get("tool_response_truncate_side", "right"),
             use_tools=enable,
             interaction=multi.get("interaction") if enable else None,
+            tool_choice=_as_list(multi.get("tool_choice") or "auto"),
         )
         tools = default_tools(multi.get("tools")) if enable else None
         self.agent = ToolAgentLoop(engine, tools, self.loop_config)
@@ -112,26 +138,47 @@ class RolloutWorker:
             logprobs=bool(rollout.get("calculate_log_probs", False)),
         )
         self.seed = int(config.get("trainer", {}).get("seed", 0))
+        # validation, verl-style: actor_rollout_ref.rollout.val_kwargs (n, temperature, top_p,
+        # do_sample), a fixed set of prompts (data.val_files, first data.val_max_samples rows)
+        val = rollout.get("val_kwargs") or {}
+        self.val_n = int(val.get("n", 1))
+        greedy = not bool(val.get("do_sample", False))
+        self.val_sampling = SamplingParams(**{
+            **self.sampling.__dict__,
+            "temperature": 0.0 if greedy else float(val.get("temperature", 1.0)),
+            "top_p": float(val.get("top_p", 1.0)),
+        })  # fmt: skip
+        self._val_rows: list[dict[str, Any]] | None = None
+
+    def validation_rows(self) -> list[dict[str, Any]]:
+        """The fixed validation set: the same prompts at every validation step."""
+        if self._val_rows is None:
+            self._val_rows = validation_rows(self.config)
+        return self._val_rows
 
     def messages_for(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """The chat messages for one dataset row."""
         return [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": row["question"]}]  # fmt: skip
 
-    async def run_sample(self, step: int, row: dict[str, Any], k: int) -> AgentLoopOutput:
-        """One trajectory: sample ``k`` of the GRPO group of ``row`` at ``step``."""
-        params = SamplingParams(**{**self.sampling.__dict__})
-        key = f"{self.seed}:{step}:{row['index']}:{k}".encode()
+    async def run_sample(
+        self, step: int, row: dict[str, Any], k: int, validate: bool = False
+    ) -> AgentLoopOutput:
+        """One trajectory: sample ``k`` of the GRPO group of ``row`` at ``step`` (a validation
+        sample with ``validate``: val_kwargs sampling, traced with ``validate=True``)."""
+        params = SamplingParams(**{**(self.val_sampling if validate else self.sampling).__dict__})
+        key = f"{self.seed}:{step}:{row['index']}:{k}{':val' if validate else ''}".encode()
         params.seed = zlib.crc32(key)
         with tracer.trace_attr(
-            step=step, sample_index=row["index"], rollout_n=k, validate=False,
+            step=step, sample_index=row["index"], rollout_n=k, validate=validate,
             name="trajectory", policy_version=step,
         ):  # fmt: skip
             out = await self.agent.run(
                 self.messages_for(row), params, ground_truth=row["answer"],
-                request_id=f"s{step}-i{row['index']}-n{k}",
+                request_id=f"{'v' if validate else 's'}{step}-i{row['index']}-n{k}",
             )  # fmt: skip
-        out.extra.update(step=step, sample_index=row["index"], rollout_n=k, policy_version=step)
+        out.extra.update(step=step, sample_index=row["index"], rollout_n=k, policy_version=step,
+                         validate=validate)  # fmt: skip
         return out
 
     async def run_step(
@@ -139,31 +186,51 @@ class RolloutWorker:
         step: int,
         batch: list[dict[str, Any]],
         on_done: Callable[[AgentLoopOutput], None] | None = None,
+        validate: bool = False,
     ) -> StepResult:
-        """All ``len(batch) * n`` trajectories of one step, concurrently."""
+        """All ``len(batch) * n`` trajectories of one step, concurrently (``val_kwargs.n`` per
+        prompt with ``validate``)."""
 
         async def one(row: dict[str, Any], k: int) -> AgentLoopOutput:
-            out = await self.run_sample(step, row, k)
+            out = await self.run_sample(step, row, k, validate)
             if on_done is not None:
                 on_done(out)
             return out
 
+        n = self.val_n if validate else self.n
         t0 = time.perf_counter()
-        outs = await asyncio.gather(*(one(row, k) for row in batch for k in range(self.n)))
-        return StepResult(step, list(outs), time.perf_counter() - t0)
+        outs = await asyncio.gather(*(one(row, k) for row in batch for k in range(n)))
+        return StepResult(step, list(outs), time.perf_counter() - t0, validate)
+
+    async def validate(self, step: int) -> StepResult:
+        """Roll out the fixed validation set at ``step`` (traced with ``validate=True``)."""
+        return await self.run_step(step, self.validation_rows(), validate=True)
 
     async def run(
         self,
         total_steps: int,
         on_done: Callable[[AgentLoopOutput], None] | None = None,
         on_step: Callable[[StepResult], None] | None = None,
+        on_validate: Callable[[StepResult], None] | None = None,
     ) -> list[StepResult]:
-        """Run ``total_steps`` steps over the configured dataset (steps count from 1)."""
+        """Run ``total_steps`` steps over the configured dataset (steps count from 1), and the
+        validation set where ``trainer.val_before_train`` (at step 0) and ``trainer.test_freq``
+        (every that many steps and the last) say, as verl's trainer does. Validation results
+        go to ``on_validate``; the returned list holds the rollout steps."""
         batches = config_batches(self.config)
+        before, after = validation_steps(self.config, total_steps)
         results = []
+        if before:
+            val = await self.validate(0)
+            if on_validate is not None:
+                on_validate(val)
         for step in range(1, total_steps + 1):
             result = await self.run_step(step, next(batches), on_done)
             results.append(result)
             if on_step is not None:
                 on_step(result)
+            if step in after:
+                val = await self.validate(step)
+                if on_validate is not None:
+                    on_validate(val)
         return results

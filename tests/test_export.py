@@ -232,11 +232,12 @@ def test_mlflow_export_pages_through_search_traces(tmp_path: Path, mlflow_uri: s
     from mlflow.tracing.client import TracingClient
     from mlflow.tracking import MlflowClient
 
-    from tracer.backends.mlflow_backend import to_mlflow_spans
+    from tracer.backends.mlflow_backend import mlflow_view, to_mlflow_spans
 
     exp_id = MlflowClient(mlflow_uri).create_experiment("big")
     records = _records(600, seed=1)
-    TracingClient(mlflow_uri).log_spans(exp_id, [s for r in records for s in to_mlflow_spans(r)])
+    spans = [s for r in records for s in to_mlflow_spans(mlflow_view(r))]
+    TracingClient(mlflow_uri).log_spans(exp_id, spans)
     pages: list[int] = []
     summary = export("mlflow", str(tmp_path / "out"), experiment="big", tracking_uri=mlflow_uri,
                      page_size=250, on_page=pages.append)  # fmt: skip

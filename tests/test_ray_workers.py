@@ -75,6 +75,7 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(tmp_path: Path) ->
             f"data.train_batch_size={batch_size}",
             f"trainer.total_steps={steps}",
             f"trainer.project_name={EXP}",
+            "trainer.test_freq=0",  # validation: test_ray_workers_run_validation_passes
             "actor_rollout_ref.rollout.agent.num_workers=2",
             f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
             f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
@@ -112,6 +113,49 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(tmp_path: Path) ->
         print(f"ray workers: {len(got)} traces in {elapsed:.1f} s (cluster start to shutdown)")
     finally:
         server.stop()
+
+
+def test_ray_workers_run_validation_passes(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    pytest.importorskip("transformers")
+    import ray
+
+    from rollout.ray_workers import RayRolloutPool
+
+    root = tmp_path / "server"
+    root.mkdir()
+    server = start_mlflow_server(root)
+    pool: Any = None
+    try:
+        config = load_config([
+            "actor_rollout_ref.rollout.name=scripted", "actor_rollout_ref.rollout.n=1",
+            "data.train_batch_size=2", "trainer.total_steps=2", f"trainer.project_name={EXP}",
+            "trainer.val_before_train=true", "trainer.test_freq=2", "data.val_max_samples=2",
+            "actor_rollout_ref.rollout.agent.num_workers=2",
+            f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
+        ])  # fmt: skip
+        trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
+                 "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 object_store_memory=150 * 1024**2,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
+        pool = RayRolloutPool(config, trace, engine_kwargs={"script": SCRIPT})
+        vals: list[Any] = []
+        pool.run(2, on_validate=vals.append)
+        # the fixed set, split by prompt over both workers, at steps 0 and 2
+        assert [(v.step, v.validate, len(v.outputs)) for v in vals] == [(0, True, 2), (2, True, 2)]
+        assert pool.flushed[0] == [True, True] and pool.flushed[2] == [True, True]
+        val = search_traces(server.url, EXP, "tags.validate = 'true'")
+        got = sorted((t.info.tags["step"], t.info.tags["sample_index"]) for t in val)
+        assert got == [("0", "0"), ("0", "1"), ("2", "0"), ("2", "1")]
+        assert len({t.info.tags["worker_id"] for t in val}) == 2
+    finally:
+        try:
+            if pool is not None:
+                pool.shutdown()
+        finally:
+            ray.shutdown()
+            server.stop()
 
 
 def _run_pool(

@@ -108,3 +108,24 @@ def test_report_renders_in_chromium(report: tuple[Path, dict]) -> None:
         browser.close()
     assert all(u.startswith("file://") for u in requests), requests
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[0.0, 0.05, 1.05], [0.05, 0.05], [-0.3, 0.7, 2.2], [1.05, 1.1], [0.0, 0.0], [3.0, 41.0]],
+)
+def test_chart_axes_contain_their_points(values: list[float]) -> None:
+    import re
+
+    from tracer.readers.svg import PAD_B, H, line_chart, strip_chart
+
+    points = [(float(i % 2 + 1), v) for i, v in enumerate(values)]
+    for svg in (line_chart({"reward": points}, "reward"),
+                strip_chart(points, points[:1], "reward")):  # fmt: skip
+        grid = [float(y) for y in re.findall(r'<line x1="[\d.]+" x2="[\d.]+" y1="([\d.]+)"[^>]*'
+                                             r'class="g"', svg)]  # fmt: skip
+        labels = [float(t) for t in re.findall(r'class="yl">([-\d.]+)<', svg)]
+        dots = [float(y) for y in re.findall(r'<circle cx="[-\d.]+" cy="([-\d.]+)"', svg)]
+        assert grid and dots
+        assert min(grid) - 0.05 <= min(dots) and max(dots) <= H - PAD_B + 0.05
+        assert min(labels) <= min(values) and max(labels) >= max(values), (labels, values)

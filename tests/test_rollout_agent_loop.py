@@ -15,6 +15,7 @@ from rollout.engines import make_engine
 from rollout.engines.base import SamplingParams
 from rollout.engines.scripted import ScriptedEngine
 from rollout.tools import default_tools
+from rollout.trackers import Tracker, Tracking
 from rollout.worker import RolloutWorker
 from tests.conftest import search_traces
 
@@ -61,7 +62,9 @@ def test_three_turn_trajectory_in_mlflow(mlflow_uri: str, smollm2_tokenizer: Any
     assert [t.role for t in out.turns] == ["assistant", "tool", "assistant", "tool", "assistant"]
     # the incremental token stream equals the template rendering of the final conversation
     text = smollm2_tokenizer.decode(out.prompt_ids + out.response_ids)
-    assert "<|im_start|>tool\n12<|im_end|>\n<|im_start|>assistant\nNow add 2." in text
+    # the project's Hermes template: tool responses are a user turn of <tool_response> blocks
+    assert ("<|im_start|>user\n<tool_response>\n12\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\nNow add 2.") in text  # fmt: skip
     assert text.endswith("#### 14<|im_end|>")
     assert tracer.flush(60)
 
@@ -73,6 +76,9 @@ def test_three_turn_trajectory_in_mlflow(mlflow_uri: str, smollm2_tokenizer: Any
     assert root.name == "trajectory" and root.span_type == "AGENT"
     run = next(s for s in spans if s.name == "run")
     assert run.parent_id == root.span_id
+    # the run span's ids decode with the tokenizer of the trajectory's generate spans
+    assert all("token2text_error" not in s.attributes for s in spans)
+    assert run.get_attribute("response_text").endswith("#### 14<|im_end|>")
     kinds = sorted((s.name, s.span_type) for s in spans if s.parent_id == run.span_id)
     assert kinds == sorted(
         [("generate", "CHAT_MODEL")] * 3 + [("parse", "PARSER")] * 3
@@ -154,12 +160,60 @@ def test_worker_runs_grpo_groups_with_policy_version(mlflow_uri: str) -> None:
     assert [len(r.outputs) for r in results] == [6, 6]
     assert all(o.extra["policy_version"] == r.step for r in results for o in r.outputs)
     assert tracer.flush(60)
-    step2 = search_traces(mlflow_uri, EXP, "tags.step = '2'")
+    step2 = search_traces(mlflow_uri, EXP, "tags.step = '2' and tags.validate = 'false'")
     assert len(step2) == 6
     groups: dict[str, set[str]] = {}
     for t in step2:
         groups.setdefault(t.info.tags["sample_index"], set()).add(t.info.tags["rollout_n"])
     assert len(groups) == 3 and all(v == {"0", "1"} for v in groups.values())
+    # each GRPO group is an MLflow session (the metadata key MLflow's Sessions view reads)
+    sessions: dict[str, set[str]] = {}
+    for t in step2:
+        key = t.info.trace_metadata["mlflow.trace.session"]
+        sessions.setdefault(key, set()).add(t.info.tags["sample_index"])
+    assert len(sessions) == 3 and all(len(v) == 1 for v in sessions.values())
+    assert {f"step-2/sample-{i}" for v in sessions.values() for i in v} == {
+        k.split("/", 1)[1] for k in sessions
+    }
+    # validation (trainer.val_before_train, test_freq=2): the same fixed prompts at steps 0, 2
+    val = search_traces(mlflow_uri, EXP, "tags.validate = 'true'")
+    seen = {(t.info.tags["step"], t.info.tags["sample_index"]) for t in val}
+    assert seen == {("0", "0"), ("0", "1"), ("2", "0"), ("2", "1")}
+
+
+def test_validation_every_test_freq_steps_and_tracker_table() -> None:
+    config = load_config([
+        "actor_rollout_ref.rollout.name=scripted", "trainer.total_steps=3",
+        "trainer.test_freq=2", "trainer.val_before_train=false", "data.val_max_samples=3",
+        "trainer.log_val_generations=2",
+    ])  # fmt: skip
+    engine = make_engine(config, script=lambda p, i: "#### 4")
+    lines: list[str] = []
+    tracking = Tracking.from_config(config, write=lines.append)
+    tables: list[tuple[int, str, int]] = []
+
+    class Table(Tracker):
+        name = "table"
+
+        def log(self, metrics: dict[str, float], step: int) -> None:
+            pass
+
+        def log_samples(self, rows: list[dict[str, Any]], step: int, key: str = "") -> None:
+            tables.append((step, key, len(rows)))
+
+    tracking.trackers.append(Table())
+    vals: list[Any] = []
+
+    def on_validate(result: Any) -> None:
+        vals.append(result)
+        tracking.log_validation(result)
+
+    asyncio.run(RolloutWorker(config, engine).run(3, on_validate=on_validate))
+    assert [(v.step, v.validate, len(v.outputs)) for v in vals] == [(2, True, 3), (3, True, 3)]
+    assert [o.extra["sample_index"] for o in vals[0].outputs] == [0, 1, 2]  # the fixed set
+    assert tables == [(2, "val/generations", 2), (3, "val/generations", 2)]
+    assert [line.split(" |")[0] for line in lines] == ["validation at step 2",
+                                                       "validation at step 3"]  # fmt: skip
 
 
 FEEDBACK = {"name": "gsm8k_feedback", "max_user_turns": 2}
@@ -210,7 +264,7 @@ def test_interaction_feedback_turn_in_mlflow(mlflow_uri: str, smollm2_tokenizer:
         "generate", "parse", "interaction", "generate", "parse", "call_tool",
         "generate", "parse", "interaction", "reward"]  # fmt: skip
     first, second = (s for s in children if s.name == "interaction")
-    assert first.span_type == "UNKNOWN"
+    assert first.span_type == "EVALUATOR"  # kind "interaction": the environment judges
     assert first.inputs["ground_truth"] == 14 and len(first.inputs["messages"]) == 3
     assert first.outputs["reward"] == 0.0 and first.outputs["should_terminate"] is False
     assert first.outputs["content"] == feedback

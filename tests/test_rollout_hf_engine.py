@@ -4,6 +4,8 @@ rollout with the real SmolLM2 model and tokenizer."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import time
 from typing import Any
 
@@ -55,6 +57,51 @@ def test_tiny_qwen3_concurrent_requests_are_batched(tiny_engine: Any) -> None:
     assert len(outs[3].token_ids) <= 5 and outs[3].logprobs is None
 
 
+def test_tool_choice_required_is_one_valid_tool_call(tiny_engine: Any) -> None:
+    """Even random weights (tiny-qwen3) emit exactly one well-formed calculator call under
+    tool_choice=required (real xgrammar), whose expression matches the tool's pattern; the
+    required and free requests of one batch run as separate sub-batches."""
+    pytest.importorskip("xgrammar")
+    import re
+
+    from rollout.parser import parse_tool_calls
+    from rollout.tools import default_tools
+
+    tools = default_tools(["calculator"]).schemas()
+    pattern = tools[0]["function"]["parameters"]["properties"]["expression"]["pattern"]
+    prompt = _prompt(tiny_engine.tokenizer, "What is 6 times 7?")
+
+    def params(choice: str, seed: int) -> SamplingParams:
+        return SamplingParams(max_tokens=120, temperature=1.0, seed=seed, tool_choice=choice,
+                              tools=tools)  # fmt: skip
+
+    async def main() -> list[Any]:
+        calls = [tiny_engine.generate(prompt, params("required", s)) for s in range(3)]
+        calls.append(tiny_engine.generate(prompt, params("none", 7)))
+        return await asyncio.gather(*calls)
+
+    before = tiny_engine.batches_run
+    outs = asyncio.run(main())
+    assert sorted(tiny_engine.batch_sizes[before:]) == [1, 3]
+    for out in outs[:3]:
+        assert out.finish_reason == "stop"
+        text = tiny_engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        assert text.startswith('<tool_call>\n{"name": "calculator", "arguments": {'), text
+        [call] = parse_tool_calls(text).tool_calls
+        assert call.error is None and call.name == "calculator"
+        assert re.fullmatch(pattern, call.arguments["expression"])
+    text = tiny_engine.tokenizer.decode(outs[3].token_ids, skip_special_tokens=True)
+    assert "<tool_call>" not in text
+
+
+def test_unknown_tool_choice_lists_the_valid_ones() -> None:
+    from rollout.agent_loop import AgentLoopConfig
+
+    with pytest.raises(ValueError, match="valid: auto, required, none"):
+        AgentLoopConfig(tool_choice=["required", "sometimes"])
+    assert AgentLoopConfig(tool_choice=["required", "auto"]).tool_choice_for(5) == "auto"
+
+
 def test_generate_does_not_block_the_event_loop(tiny_engine: Any) -> None:
     prompt = _prompt(tiny_engine.tokenizer, "tell me a long story")
 
@@ -83,9 +130,11 @@ def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
         "trainer.total_steps=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.max_tokens_per_turn=32",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
+        # the gsm8k_feedback interaction makes SmolLM2's free-text trajectories multi-turn
+        "actor_rollout_ref.rollout.multi_turn.interaction.name=gsm8k_feedback",
+        "actor_rollout_ref.rollout.multi_turn.tool_choice=auto",
+        "trainer.test_freq=0",
     ])  # fmt: skip
-    # the default config's gsm8k_feedback interaction makes SmolLM2's trajectories multi-turn
-    assert config["actor_rollout_ref"]["rollout"]["multi_turn"]["interaction"]["name"]
     tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="hf-e2e",
                 token2text=True, raise_internal_errors=True)  # fmt: skip
     start = time.perf_counter()
@@ -180,4 +229,19 @@ def test_smollm2_continues_after_a_tool_response(mlflow_uri: str) -> None:
         assert names.count("generate") >= 2 and "call_tool" in names
         gens = sorted((s for s in trace.data.spans if s.name == "generate"),
                       key=lambda s: s.start_time_ns)  # fmt: skip
-        assert "<|im_start|>tool\n42<|im_end|>" in gens[1].inputs["prompt_text"]
+        assert "<tool_response>\n42\n</tool_response><|im_end|>" in gens[1].inputs["prompt_text"]
+
+
+def test_tool_choice_config_errors_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="valid: auto, required, none"):
+        load_config(["actor_rollout_ref.rollout.multi_turn.tool_choice=[required,maybe]"])
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "xgrammar" else real_find(name, *a))
+    with pytest.raises(ValueError, match=r"pip install --no-deps xgrammar==0\.2\.9"):
+        load_config([])
+    load_config(["actor_rollout_ref.rollout.multi_turn.tool_choice=auto"])  # fine without it
+    load_config(["actor_rollout_ref.rollout.name=scripted"])  # only the hf engine needs it
+
+
+real_find = importlib.util.find_spec

@@ -11,6 +11,7 @@ import pytest
 
 import tracer
 from tests.conftest import search_traces
+from tracer.token_lists import FULL_LISTS_ATTRIBUTE, restore_lists
 
 pytest.importorskip("mlflow")
 
@@ -136,7 +137,11 @@ def test_three_turn_trajectory_span_tree_tags_and_text(mlflow_uri: str, smollm2_
     gens = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start_time_ns)
     # token2text on every generate span, equal to the tokenizer's own decode
     for gen, reply in zip(gens, REPLIES, strict=True):
-        ids = gen.inputs["prompt_ids"]
+        # the UI shows a long id list compactly; the whole list is in one span attribute
+        shown = gen.inputs["prompt_ids"]
+        inputs, _ = restore_lists(gen.inputs, gen.outputs, gen.get_attribute(FULL_LISTS_ATTRIBUTE))
+        ids = inputs["prompt_ids"]
+        assert shown == f"{len(ids)} items: [{str(ids[:5])[1:-1]}, …, {str(ids[-5:])[1:-1]}]"
         assert gen.inputs["prompt_text"] == smollm2_tokenizer.decode(ids, skip_special_tokens=False)
         assert gen.outputs["response_text"] == reply
         assert gen.get_attribute("response_text") == reply

@@ -156,15 +156,18 @@ def test_rollout_logs_to_every_tracker(
     )
     logged: dict[int, dict[str, float]] = {}
     samples: dict[int, list[dict[str, Any]]] = {}
+    val_samples: dict[int, list[dict[str, Any]]] = {}
     real_log, real_samples = Tracking.log, Tracking.log_samples
 
     def spy_log(self: Tracking, metrics: Any, step: int) -> dict[str, float]:
-        logged[step] = real_log(self, metrics, step)
-        return logged[step]
+        clean = real_log(self, metrics, step)
+        if not any(k.startswith("val/") for k in clean):  # validation passes: below
+            logged[step] = clean
+        return clean
 
-    def spy_samples(self: Tracking, rows: Any, step: int) -> None:
-        samples[step] = [dict(r) for r in rows]
-        real_samples(self, rows, step)
+    def spy_samples(self: Tracking, rows: Any, step: int, key: str = "rollout/samples") -> None:
+        (samples if key == "rollout/samples" else val_samples)[step] = [dict(r) for r in rows]
+        real_samples(self, rows, step, key)
 
     monkeypatch.setattr(Tracking, "log", spy_log)
     monkeypatch.setattr(Tracking, "log_samples", spy_samples)
@@ -174,12 +177,14 @@ def test_rollout_logs_to_every_tracker(
         "trainer.total_steps=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "trainer.logger=[console,mlflow,wandb,swanlab,trackio]",
         "trainer.log_rollout_generations=3", f"trainer.project_name={PROJECT}",
+        "trainer.val_before_train=false", "trainer.test_freq=2", "trainer.log_val_generations=2",
         f"trainer.experiment_name={EXPERIMENT}",
         "actor_rollout_ref.rollout.trace.backend=mlflow",
         f"actor_rollout_ref.rollout.trace.tracking_uri={uri}",
     ])  # fmt: skip
     assert code == 0
     assert sorted(logged) == [1, 2] and sorted(samples) == [1, 2]
+    assert sorted(val_samples) == [2] and len(val_samples[2]) == 2  # log_val_generations
     keys = set(logged[1])
     for key in ("rollout/reward/mean", "rollout/reward/std", "rollout/reward/min",
                 "rollout/reward/max", "rollout/accuracy", "rollout/response_length/mean",
@@ -224,10 +229,14 @@ def test_rollout_logs_to_every_tracker(
     mlflow.set_tracking_uri(uri)
     traces = mlflow.search_traces(run_id=run_id, locations=[exp.experiment_id],
                                   return_type="list")  # fmt: skip
-    assert len(traces) == 8
+    assert len(traces) == 8 + 2  # and the validation pass at step 2
     assert {t.info.tags["step"] for t in traces} == {"1", "2"}
     mlflow.set_experiment(PROJECT)
-    assert len(mlflow.search_traces(run_id=run_id, return_type="list")) == 8
+    assert len(mlflow.search_traces(run_id=run_id, return_type="list")) == 10
+    path = client.download_artifacts(run_id, "val_generations/step_000002.json")
+    table = json.loads(Path(path).read_text("utf-8"))
+    assert [r[3] for r in table["data"]] == [r["prompt"] for r in val_samples[2]]
+    assert client.get_metric_history(run_id, "val/reward/mean")[0].step == 2
 
     # W&B offline run: the .wandb records (wandb's protobuf) and the table files
     (run_dir,) = glob.glob(str(trackers_env / "wandb" / "wandb" / "offline-run-*"))
@@ -241,6 +250,9 @@ def test_rollout_logs_to_every_tracker(
         assert table["columns"] == list(SAMPLE_COLUMNS)
         assert [r[3] for r in table["data"]] == [r["prompt"] for r in samples[step]]
         assert [r[5] for r in table["data"]] == [r["reward"] for r in samples[step]]
+    val_table = history[2]["val/generations/path"]
+    table = json.loads((Path(run_dir) / "files" / val_table).read_text())
+    assert [r[3] for r in table["data"]] == [r["prompt"] for r in val_samples[2]]
 
     # SwanLab local: the run's database and folder
     series, swan_run = _swanlab_series(trackers_env / "swanlog")
@@ -251,6 +263,7 @@ def test_rollout_logs_to_every_tracker(
         assert len(texts) == 3
         assert all(r["prompt"] in t and r["response"] in t
                    for r, t in zip(samples[step], texts, strict=True))  # fmt: skip
+    assert len(series["val/generations"][2]) == 2
     assert (swan_run / "files" / "config.yaml").is_file()
 
     # Trackio local: its SQLite database, read with trackio's own storage class
@@ -267,6 +280,8 @@ def test_rollout_logs_to_every_tracker(
         assert table["_type"] == "trackio.table"
         assert [r["prompt"] for r in table["_value"]] == [r["prompt"] for r in samples[step]]
         assert [r["reward"] for r in table["_value"]] == [r["reward"] for r in samples[step]]
+    table = logs[2]["val/generations"]
+    assert [r["prompt"] for r in table["_value"]] == [r["prompt"] for r in val_samples[2]]
 
 
 @pytest.mark.parametrize("name", ["mlflow", "wandb", "swanlab", "trackio"])

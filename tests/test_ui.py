@@ -320,6 +320,56 @@ def test_trajectory_in_mlflow_ui(traced: tuple[MlflowServer, str, dict], tmp_pat
         shutil.copyfile(shot, DOCS_PNG)
 
 
+def test_mlflow_ui_sessions_and_compact_ids(
+    traced: tuple[MlflowServer, str, dict], tmp_path: Path
+) -> None:
+    """The traces page loads without an error banner (MLflow's /graphql works), a generate
+    span shows no raw token-id list, and the Sessions page lists the GRPO groups."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    server, exp_id, rewards = traced
+    groups = {(step, sample) for step, sample, _ in rewards}
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            viewport={"width": 1480, "height": 1000}, args=CHROMIUM_ARGS,
+        )  # fmt: skip
+        page = browser.new_page()
+        page.set_default_timeout(WAIT_MS)
+        try:
+            page.goto(f"{server.url}/#/experiments/{exp_id}/traces")
+            page.get_by_text("What is 97 * 89?").wait_for()
+            _dismiss_popups(page)
+            body = page.inner_text("body")
+            assert "Unexpected token" not in body and "load error" not in body.lower()
+            assert PROJECT in body  # the experiment's breadcrumb (from /graphql)
+
+            rows = page.get_by_role("row").filter(has_text="What is 20 * 30?")
+            rows.first.get_by_role("cell").nth(2).click()
+            drawer = page.get_by_role("dialog")
+            drawer.get_by_text("generate", exact=True).first.click()
+            tab = drawer.get_by_role("tab", name=re.compile("Inputs"))
+            if tab.count():
+                tab.first.click()
+            sync_api.expect(drawer.get_by_text(re.compile(r"\d+ items: \[")).first).to_be_visible()
+            text = drawer.inner_text()
+            assert not re.search(r"(?:\b\d{2,6},?\s*\n\s*){16}", text), "a raw id list is shown"
+
+            # MLflow 3.17: the Sessions view is the traces list grouped by session
+            page.goto(f"{server.url}/#/experiments/{exp_id}/traces?groupBy=session")
+            for step, sample in groups:
+                sync_api.expect(
+                    page.get_by_text(f"grpo/step-{step}/sample-{sample}", exact=True).first
+                ).to_be_visible()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(tmp_path / "failure.png"))
+                (tmp_path / "failure.txt").write_text(page.inner_text("body"))
+                print(f"page at failure: {page.url}; see {tmp_path}/failure.png, failure.txt")
+            raise
+        finally:
+            browser.close()
+
+
 def _dismiss_popups(page: Any) -> None:
     """The 'Detect issues' popover (modal) and the assistant side panel cover the page."""
     got_it = page.get_by_role("button", name="Got it", exact=True)

@@ -195,6 +195,7 @@ async def test_traced_rollout_through_vllm_into_mlflow(engine, mlflow_uri: str) 
     from rollout.config import load_config, trace_config
     from rollout.worker import RolloutWorker, load_dataset
     from tests.conftest import search_traces
+    from tracer.token_lists import FULL_LISTS_ATTRIBUTE, restore_lists
 
     config = load_config(
         [
@@ -240,7 +241,10 @@ async def test_traced_rollout_through_vllm_into_mlflow(engine, mlflow_uri: str) 
         model_turns = [t for t in out.turns if t.role == "assistant"]
         assert len(gens) == len(model_turns) == out.num_assistant_turns
         for gen, turn in zip(gens, model_turns, strict=True):
-            assert gen.outputs["response_ids"] == turn.token_ids
+            # long id lists show compactly in MLflow; the whole list is in one attribute
+            _, outputs = restore_lists(gen.inputs, gen.outputs,
+                                       gen.get_attribute(FULL_LISTS_ATTRIBUTE))  # fmt: skip
+            assert outputs["response_ids"] == turn.token_ids
             assert gen.outputs["finish_reason"] == turn.finish_reason
             # token2text: the tracer's decoded text is the tokenizer's decode of vLLM's ids
             assert gen.outputs["response_text"] == tok.decode(turn.token_ids)

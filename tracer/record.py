@@ -25,6 +25,7 @@ KINDS: dict[str, str] = {
     "parse": "PARSER",
     "tool": "TOOL",
     "reward": "EVALUATOR",
+    "interaction": "EVALUATOR",  # an environment judging a turn (verl's multi-turn interaction)
     "retrieve": "RETRIEVER",
     "other": "UNKNOWN",
 }

@@ -32,6 +32,7 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     reward: float | None = None
     spans: list[SpanRecord] = []
     rollout_logprobs: list[float] = []
+    tokenizer = tokenizer if tokenizer is not None else trajectory_tokenizer(traj)
     for span in traj.spans:
         attrs = _to_attrs(span.attributes, limits)
         end_ns = span.end_ns
@@ -156,6 +157,16 @@ def _logprob_list(raw: Any, token_ids: Any) -> list[float] | None:
             out.append(float(hit) if hit is not None else math.nan)
         return out
     return as_float_list(raw)
+
+
+def trajectory_tokenizer(traj: Trajectory) -> Any:
+    """The tokenizer of the trajectory's first span that has one (its generate spans take
+    their owner's ``tokenizer``), so token2text also decodes the ids the root and other
+    spans carry; None when no span has one."""
+    for span in traj.spans:
+        if span.tokenizer is not None:
+            return span.tokenizer
+    return None
 
 
 def _to_attrs(raw: dict[str, Any] | None, limits: Limits) -> dict[str, Any]:

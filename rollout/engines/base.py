@@ -16,6 +16,10 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    # vLLM's tool_choice: "auto" (free text), "required" (exactly one call to one of ``tools``,
+    # by structured decoding), "none" (no tool call); engines without it ignore it
+    tool_choice: str = "auto"
+    tools: list[dict[str, Any]] | None = None  # OpenAI function-tool schemas
 
 
 @dataclass

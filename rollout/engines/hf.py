@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +28,10 @@ class HFEngine:
 
     Calls to :meth:`generate` that arrive within ``batch_window_s`` of each other (up to
     ``max_batch_size``) are collected into one left-padded batch. Requests in a batch that
-    differ in temperature, top-p or stop tokens run as separate sub-batches; a sub-batch is
-    seeded with its first request's seed (reproducible for the same batch composition).
+    differ in temperature, top-p, stop tokens or tool choice run as separate sub-batches; a
+    sub-batch is seeded with its first request's seed (reproducible for the same batch
+    composition). ``tool_choice`` ``required``/``none`` is structured decoding with xgrammar
+    (:mod:`rollout.engines.structured`), a new logits processor per ``generate``.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class HFEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-generate")
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else tokenizer.eos_token_id
+        self._grammars: Any = None  # rollout.engines.structured.ToolGrammars, built on first use
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **kwargs: Any) -> HFEngine:
@@ -78,6 +82,11 @@ class HFEngine:
         """Queue one request; resolved when its batch has run."""
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
+        if params.tool_choice != "auto" and params.tools and self._grammars is None:
+            from rollout.engines.structured import ToolGrammars
+
+            vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+            self._grammars = ToolGrammars(self.tokenizer, vocab)  # fails here if not installed
         loop = asyncio.get_running_loop()
         if self._queue is None or self._task is None or self._task.done():
             self._queue = asyncio.Queue()
@@ -103,7 +112,9 @@ class HFEngine:
             groups: dict[tuple[Any, ...], list[_Request]] = {}
             for r in batch:
                 p = r.params
-                key = (p.temperature, p.top_p, tuple(sorted(p.stop_token_ids)))
+                choice = p.tool_choice if p.tools else "auto"
+                tools = json.dumps(p.tools, sort_keys=True) if choice != "auto" else ""
+                key = (p.temperature, p.top_p, tuple(sorted(p.stop_token_ids)), choice, tools)
                 groups.setdefault(key, []).append(r)
             for reqs in groups.values():
                 live = [r for r in reqs if not r.future.done()]  # skip cancelled callers
@@ -144,6 +155,9 @@ class HFEngine:
             "return_dict_in_generate": True,
             "output_logits": any(r.params.logprobs for r in reqs),
         }
+        if params.tools and params.tool_choice != "auto":
+            grammar = self._grammars.logits_processor(params.tools, params.tool_choice)
+            kwargs["logits_processor"] = [grammar]
         if sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         else:

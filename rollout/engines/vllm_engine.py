@@ -92,11 +92,12 @@ class VllmEngine:
         self._vllm = vllm
         self.vllm_version: str = getattr(vllm, "__version__", "?")
 
-        if tokenizer is None:
-            from transformers import AutoTokenizer
+        if tokenizer is None:  # the agent loop's chat template (Hermes tools for SmolLM2)
+            from rollout.models import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            tokenizer = load_tokenizer(self.model_path)
         self.tokenizer: Any = tokenizer
+        self._warned_tool_choice = False
 
         args: dict[str, Any] = dict(
             model=self.model_path,
@@ -194,6 +195,11 @@ class VllmEngine:
         )
         if params.logprobs:
             kwargs["logprobs"] = 0  # only the sampled token's logprob
+        if params.tool_choice != "auto" and params.tools and not self._warned_tool_choice:
+            # not wired to vLLM's structured outputs yet: turns are unconstrained here
+            self._warned_tool_choice = True
+            logger.warning("tool_choice=%r is not applied by the vllm engine (only by the hf "
+                           "engine, with xgrammar); generating without it", params.tool_choice)
         return self._vllm.SamplingParams(**kwargs)
 
     @staticmethod

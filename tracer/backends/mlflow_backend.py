@@ -17,6 +17,7 @@ pinned in pyproject.toml and tests exercise them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,7 @@ from tracer.backends.mlflow_bulk import open_bulk_writer
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_lists, encode_full_lists
 from tracer.tokens import LOGPROBS_ATTR
 
 try:
@@ -91,6 +93,9 @@ class MlflowExporter(Exporter):
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
+        # what the UI shows: compact token lists, the GRPO group as the session; the same
+        # for the bulk writer and MLflow's own log_spans path
+        batch = [mlflow_view(record) for record in batch]
         spans = [] if self.bulk else [s for record in batch for s in to_mlflow_spans(record)]
         if self.is_server:
             self._post_spans(spans)
@@ -315,15 +320,50 @@ def _assessment_json(feedback: Any, trace_id: str) -> dict[str, Any]:
 
 
 def to_mlflow_spans(record: TrajectoryRecord) -> list[Any]:
-    """Finished MLflow ``Span`` objects for one trajectory (root first).
+    """Finished MLflow ``Span`` objects for one trajectory (root first); pass it
+    ``mlflow_view(record)`` for what the exporter stores.
 
     Built by :func:`tracer.backends.otel_spans.to_readable_spans` (shared with the OTLP
-    backend), every attribute value JSON-encoded as MLflow's in-process spans expect.
+    backend), every attribute value JSON-encoded as MLflow's in-process spans expect. Long
+    token-id / mask / log-prob lists show as a count and their first and last values; the
+    whole lists are kept in the span's ``rollout_tracer.full_lists`` attribute, where the
+    readers (``tracer/readers/sources.py``) put them back.
     """
     from mlflow.entities import Span
 
     request_id = dumps(mlflow_trace_id(record.trace_id))
     spans = to_readable_spans(
-        record, encode=encode_all_json, extra_attributes={"mlflow.traceRequestId": request_id}
+        record,
+        encode=encode_all_json,
+        extra_attributes={"mlflow.traceRequestId": request_id},
     )
     return [Span(otel) for otel in spans]
+
+
+def session_id(record: TrajectoryRecord) -> str:
+    """The MLflow session of a trajectory: its GRPO group (the ``rollout_n`` samples of one
+    prompt at one step), so MLflow's Sessions view lists one row per group."""
+    kind = "val" if record.validate else "step"
+    name = record.experiment_name or record.project_name or "rollout"
+    return f"{name}/{kind}-{record.step}/sample-{record.sample_index}"
+
+
+def mlflow_view(record: TrajectoryRecord) -> TrajectoryRecord:
+    """A copy of ``record`` for MLflow: the root carries the session (its GRPO group), and
+    spans show long per-token lists compactly (MLflow's UI prints a list one value per line),
+    the full lists moved to one attribute per span."""
+    spans = []
+    own_session = any("session.id" in span.attributes for span in record.spans)  # user's wins
+    for i, span in enumerate(record.spans):
+        if i == 0 and not own_session:  # MLflow makes the root's `session.id` the session
+            span = dataclasses.replace(
+                span, attributes={**span.attributes, "session.id": session_id(record)}
+            )
+        inputs, taken_in = compact_lists(span.inputs)
+        outputs, taken_out = compact_lists(span.outputs)
+        if taken_in or taken_out:
+            attrs = {**span.attributes,
+                     FULL_LISTS_ATTRIBUTE: encode_full_lists(taken_in, taken_out)}  # fmt: skip
+            span = dataclasses.replace(span, inputs=inputs, outputs=outputs, attributes=attrs)
+        spans.append(span)
+    return dataclasses.replace(record, spans=spans)

@@ -10,6 +10,7 @@ from typing import Any
 
 from tracer.readers.selection import PAGE_SIZE, Selection
 from tracer.record import KINDS, SpanRecord, TrajectoryRecord
+from tracer.token_lists import FULL_LISTS_ATTRIBUTE, restore_lists
 
 _KIND_BY_TYPE = {span_type: kind for kind, span_type in reversed(list(KINDS.items()))}
 _KNOWN_TAGS = frozenset(
@@ -88,6 +89,10 @@ def _mlflow_span(span: Any) -> SpanRecord:
     error = _span_error(span)
     if status == "ERROR" and error is None:
         error = {"type": "", "message": span.status.description or "error", "traceback": ""}
+    inputs, outputs = span.inputs, span.outputs
+    full_lists = attrs.pop(FULL_LISTS_ATTRIBUTE, None)
+    if full_lists is not None:  # the writer showed them compactly: the export gets them whole
+        inputs, outputs = restore_lists(inputs, outputs, full_lists)
     return SpanRecord(
         span_id=span.span_id,
         parent_id=span.parent_id,
@@ -97,8 +102,8 @@ def _mlflow_span(span: Any) -> SpanRecord:
         end_ns=int(span.end_time_ns or span.start_time_ns),
         status="ERROR" if status == "ERROR" else "OK",
         error=error,
-        inputs=span.inputs,
-        outputs=span.outputs,
+        inputs=inputs,
+        outputs=outputs,
         attributes={k: v for k, v in attrs.items() if not k.startswith("mlflow.")},
     )
 

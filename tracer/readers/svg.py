@@ -42,8 +42,17 @@ class _Frame:
             lo = min(lo, 0.0)
         if hi == lo:
             hi = lo + 1.0
-        pad = (hi - lo) * 0.05
-        self.y0, self.y1 = lo - (pad if lo < 0 else 0), hi + pad
+        # the axis runs from a tick at or below the lowest point to a tick at or above the
+        # highest, so every point lies inside the labelled range (1.05 over a top tick of 1.0
+        # was drawn above the axis)
+        ticks = _ticks(lo, hi)
+        step = ticks[1] - ticks[0] if len(ticks) > 1 else (hi - lo)
+        self.y0 = math.floor(lo / step + 1e-9) * step
+        self.y1 = math.ceil(hi / step - 1e-9) * step
+        if self.y1 <= self.y0:
+            self.y1 = self.y0 + step
+        count = round((self.y1 - self.y0) / step)
+        self.yticks = [round(self.y0 + k * step, 10) for k in range(count + 1)]
 
     def x(self, v: float) -> float:
         span = self.x1 - self.x0
@@ -55,7 +64,7 @@ class _Frame:
 
     def axes(self, title: str, xlabel: str, xs: Sequence[float]) -> list[str]:
         out = [f'<text x="{W / 2}" y="18" class="t">{escape(title)}</text>']
-        for t in _ticks(self.y0, self.y1):
+        for t in self.yticks:
             y = self.y(t)
             out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" class="g"/>')
             out.append(f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="yl">{_fmt(t)}</text>')

@@ -1,0 +1,88 @@
+"""The main job (`rollout-tracer run`, the default config) shows what the tracer is for: real
+tool calls from SmolLM2 by structured decoding (real xgrammar), answers that end by themselves,
+validation passes on the same prompts, a tracker table of validation generations; read back
+with MLflow's own client."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout.cli import main
+from tests.conftest import search_traces
+from tracer.readers.sources import iter_mlflow
+
+
+def _spans(trace: Any, name: str | None = None, span_type: str | None = None) -> list[Any]:
+    spans = sorted(trace.data.spans, key=lambda s: s.start_time_ns)
+    return [s for s in spans if (name is None or s.name == name)
+            and (span_type is None or s.span_type == span_type)]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_default_run_in_mlflow(tmp_path: Path, mlflow_uri: str) -> None:
+    pytest.importorskip("xgrammar")
+    rc = main(["run", "--no-progress", "trainer.logger=[console,mlflow]",
+               f"actor_rollout_ref.rollout.trace.tracking_uri={mlflow_uri}"])  # fmt: skip
+    assert rc == 0
+    train = search_traces(mlflow_uri, "rollout-tracer", "tags.validate = 'false'")
+    assert len(train) == 8  # 2 steps x 1 prompt x 4 samples
+    results = 0
+    for trace in train:
+        gens = _spans(trace, "generate")
+        first = gens[0]
+        # tool_choice=required on the first turn: a Hermes tool call, parsed and run
+        assert first.outputs["response_text"].startswith('<tool_call>\n{"name": "calculator"')
+        [tool] = [s for s in _spans(trace, span_type="TOOL") if s.start_time_ns > first.end_time_ns
+                  and s.start_time_ns < gens[1].start_time_ns]  # fmt: skip
+        assert tool.inputs["name"] == "calculator" and tool.outputs["content"]
+        results += tool.outputs["error"] is None
+        assert f"<tool_response>\n{tool.outputs['content']}" in gens[1].inputs["prompt_text"]
+        # compact token ids in the UI (the export gets them whole, below)
+        shown = first.inputs["prompt_ids"]
+        assert isinstance(shown, str) and re.fullmatch(r"\d+ items: \[[\d, ]+…[\d, ]+\]", shown)
+        for span in trace.data.spans:
+            assert "token2text_error" not in (span.attributes or {}), span.name
+    assert results >= 4, "most calculator calls should return a value"
+    later = [g.outputs["finish_reason"] for t in train for g in _spans(t, "generate")[1:]]
+    assert later.count("stop") >= len(later) // 3, later  # answers end by themselves
+    finish = [_spans(t, "run")[0].outputs["finish_reason"] for t in train]
+    assert finish.count("stop") >= 2, finish  # whole trajectories, not cut by a limit
+    rewards: dict[tuple[str, str], set[Any]] = {}
+    for t in train:
+        key = (t.info.tags["step"], t.info.tags["sample_index"])
+        rewards.setdefault(key, set()).add(t.info.tags.get("reward"))
+    assert any(len(r) > 1 for r in rewards.values()), rewards  # rewards vary within a group
+
+    val = search_traces(mlflow_uri, "rollout-tracer", "tags.validate = 'true'")
+    by_step: dict[str, dict[str, str]] = {}
+    for t in val:
+        prompt = _spans(t, "generate")[0].inputs["prompt_text"]
+        by_step.setdefault(t.info.tags["step"], {})[t.info.tags["sample_index"]] = prompt
+    assert set(by_step) == {"0", "2"}  # val_before_train, then test_freq=2 (the last step)
+    assert by_step["0"] == by_step["2"] and len(by_step["0"]) == 2
+
+    # the export reads whole token-id lists back
+    records = [r for page in iter_mlflow(mlflow_uri, "rollout-tracer") for r in page]
+    gen = next(s for r in records for s in r.spans if s.name == "generate")
+    assert isinstance(gen.inputs["prompt_ids"], list) and len(gen.inputs["prompt_ids"]) > 100
+    assert gen.attributes["prompt_tokens"] == len(gen.inputs["prompt_ids"])
+
+    # trainer.log_val_generations: 2 -> a table per validation pass in the MLflow run
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    exp = client.get_experiment_by_name("rollout-tracer")
+    [run] = client.search_runs([exp.experiment_id])
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "val_generations")}
+    assert names == {"val_generations/step_000000.json", "val_generations/step_000002.json"}
+    local = client.download_artifacts(run.info.run_id, "val_generations/step_000002.json",
+                                      str(tmp_path))  # fmt: skip
+    table = json.loads(Path(local).read_text())
+    assert len(table["data"]) == 2 and "response" in table["columns"]
+    history = client.get_metric_history(run.info.run_id, "val/reward/mean")
+    assert sorted(m.step for m in history) == [0, 2]

@@ -1,0 +1,31 @@
+"""Long per-token lists are shown compactly and come back whole."""
+
+from __future__ import annotations
+
+import copy
+
+from tracer.token_lists import compact_lists, encode_full_lists, restore_lists
+
+
+def test_compact_and_restore_round_trip() -> None:
+    inputs = {"prompt_ids": list(range(400)), "messages": [{"role": "user", "content": "x"}],
+              "short_ids": [1, 2, 3], "flags": [True] * 40}  # fmt: skip
+    outputs = {"response_ids": list(range(50)), "logprobs": [-0.5] * 30,
+               "turns": [{"token_ids": list(range(20)), "text": "t"}], "count": 7}  # fmt: skip
+    before = copy.deepcopy((inputs, outputs))
+    shown_in, taken_in = compact_lists(inputs)
+    shown_out, taken_out = compact_lists(outputs)
+    assert (inputs, outputs) == before  # the originals are untouched
+    assert shown_in["prompt_ids"] == "400 items: [0, 1, 2, 3, 4, …, 395, 396, 397, 398, 399]"
+    assert shown_in["short_ids"] == [1, 2, 3] and shown_in["flags"] == [True] * 40
+    assert shown_out["logprobs"] == "30 items: [-0.5, -0.5, -0.5, -0.5, -0.5, …, -0.5, -0.5, " \
+                                    "-0.5, -0.5, -0.5]"
+    assert shown_out["turns"][0]["token_ids"].startswith("20 items: [0, 1")
+    encoded = encode_full_lists(taken_in, taken_out)
+    assert "\n" not in encoded
+    assert restore_lists(shown_in, shown_out, encoded) == before
+
+
+def test_restore_ignores_a_malformed_attribute() -> None:
+    assert restore_lists({"a": 1}, None, "not json") == ({"a": 1}, None)
+    assert restore_lists({"a": 1}, None, '{"inputs": [[["x", "y"], [1]]]}') == ({"a": 1}, None)
