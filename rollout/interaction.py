@@ -105,12 +105,10 @@ def make_interaction(section: dict[str, Any] | None) -> Interaction | None:
     if unknown:
         raise ValueError(f"{CONFIG_KEY}: unknown keys {unknown}; valid: max_user_turns, name")
     name = section.get("name")
-    if name is None:
-        return None
-    if name not in INTERACTIONS:
+    if name is not None and name not in INTERACTIONS:
         valid = ", ".join([*sorted(INTERACTIONS), "null"])
         raise ValueError(f"{CONFIG_KEY}.name={name!r}; valid: {valid}")
-    turns = section.get("max_user_turns", 2)
+    turns = section.get("max_user_turns", 2)  # checked even when off: a bad value is a typo
     if isinstance(turns, bool) or not isinstance(turns, int) or turns < 0:
         raise ValueError(f"{CONFIG_KEY}.max_user_turns must be an int >= 0: {turns!r}")
-    return INTERACTIONS[name](max_user_turns=turns)
+    return INTERACTIONS[name](max_user_turns=turns) if name is not None else None

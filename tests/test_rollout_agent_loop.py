@@ -311,7 +311,8 @@ def test_interaction_limits_and_config(smollm2_tokenizer: Any) -> None:
         load_config(["actor_rollout_ref.rollout.multi_turn.interaction.name=gsm8k"])
     with pytest.raises(ValueError, match="max_user_turns must be an int"):
         load_config(["actor_rollout_ref.rollout.multi_turn.interaction.max_user_turns=-1"])
-    config = load_config(["actor_rollout_ref.rollout.multi_turn.interaction.max_user_turns=2"])
+    config = load_config(["actor_rollout_ref.rollout.multi_turn.interaction.max_user_turns=2",
+                          "actor_rollout_ref.rollout.multi_turn.interaction.name=gsm8k_feedback"])
     assert config["actor_rollout_ref"]["rollout"]["multi_turn"]["interaction"] == FEEDBACK
     worker = RolloutWorker(config, wrong)
     assert worker.agent.interaction is not None and worker.agent.interaction.max_user_turns == 2
