@@ -396,13 +396,15 @@ def test_verl_agent_loop_on_mlflow(
             }
             assert span.inputs["kwargs"] == {}
             assert "__type__" not in span.outputs
-            assert span.outputs["prompt_text"] == tok.decode(span.inputs["prompt_ids"])
-            assert span.outputs["response_text"] == tok.decode(span.outputs["token_ids"])
+            # the UI shows long id lists compactly; the whole lists ride in one attribute
+            inputs, outputs = _whole(span)
+            assert outputs["prompt_text"] == tok.decode(inputs["prompt_ids"])
+            assert outputs["response_text"] == tok.decode(outputs["token_ids"])
         assert generates[0].outputs["response_text"].startswith(TOOL_CALL)
         assert generates[1].outputs["response_text"].startswith(ANSWER)
         assert "<|im_start|>user" in generates[0].outputs["prompt_text"]
         [run] = [s for s in spans if s.name == "ToolAgentLoop.run"]
-        assert run.outputs["response_text"] == tok.decode(run.outputs["response_ids"])
+        assert run.outputs["response_text"] == tok.decode(_whole(run)[1]["response_ids"])
         [tool] = [s for s in spans if s.name == "CalcTool.execute"]
         assert tool.inputs["parameters"] == {"expression": "2+2"}
         assert tool.outputs[0] == {"text": "4", "image": None, "video": None}
@@ -471,3 +473,13 @@ def test_config_typos_name_the_closest_key() -> None:
         load_config(["actor_rollout_ref.rollout.trace.max_samples=50"])
     with pytest.raises(ConfigKeyError, match="did you mean `token2text`"):
         load_config(["actor_rollout_ref.rollout.trace.token_2_text=true"])
+
+
+def _whole(span: Any) -> tuple[Any, Any]:
+    """A span's inputs and outputs with the long id lists the UI shows compactly restored."""
+    from tracer.token_lists import FULL_LISTS_ATTRIBUTE, restore_lists
+
+    full = span.attributes.get(FULL_LISTS_ATTRIBUTE)
+    if full is None:
+        return span.inputs, span.outputs
+    return restore_lists(dict(span.inputs), dict(span.outputs), full)
