@@ -342,16 +342,7 @@ def _verl_token2text(
     for label, ids in (("prompt", prompt), ("response", response)):
         if ids is None:
             continue
-        try:
-            text, count = decode_ids(tokenizer, ids)
-        except Exception as exc:
-            attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
-            continue
-        text = to_jsonable(text, limits)
-        attrs[f"{label}_text"] = text
-        attrs[f"{label}_tokens"] = count
-        if isinstance(outputs, dict):
-            outputs[f"{label}_text"] = text
+        _decode_into(label, ids, tokenizer, attrs, outputs, limits)
 
 
 def _token2text(
@@ -367,16 +358,23 @@ def _token2text(
         if tokenizer is None:
             attrs["token2text_error"] = "no tokenizer: call tracer.register_tokenizer(tok)"
             return
-        try:
-            text, count = decode_ids(tokenizer, hit[1])
-        except Exception as exc:
-            attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
-            continue
-        text = to_jsonable(text, limits)
-        attrs[f"{label}_text"] = text
-        attrs[f"{label}_tokens"] = count
-        if isinstance(target, dict):
-            target[f"{label}_text"] = text
+        _decode_into(label, hit[1], tokenizer, attrs, target, limits)
+
+
+def _decode_into(label: str, ids: Any, tokenizer: Any, attrs: dict[str, Any], target: Any,
+                 limits: Limits) -> None:  # fmt: skip
+    """Decode ``ids`` into ``<label>_text`` / ``<label>_tokens`` attributes (and ``target``'s
+    ``<label>_text`` when it is a dict); a tokenizer that raises leaves ``token2text_error``."""
+    try:
+        text, count = decode_ids(tokenizer, ids)
+    except Exception as exc:
+        attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
+        return
+    text = to_jsonable(text, limits)
+    attrs[f"{label}_text"] = text
+    attrs[f"{label}_tokens"] = count
+    if isinstance(target, dict):
+        target[f"{label}_text"] = text
 
 
 def _fill_root(spans: list[SpanRecord], reward: float | None) -> None:
