@@ -13,7 +13,7 @@ import inspect
 import time
 from collections.abc import Callable
 from contextvars import ContextVar, Token
-from time import perf_counter_ns
+from time import time_ns
 from typing import Any, TypeVar
 
 import tracer.current as _current_tracer
@@ -91,17 +91,9 @@ class trace_attr:
         elif tracer.active:
             traced, sample_index = tracer.admit(step, sample_index, validate)
             if traced:
-                self._traj = Trajectory(
-                    tracer,
-                    name,
-                    step,
-                    sample_index,
-                    rollout_n,
-                    bool(validate),
-                    policy_version,
-                    attrs,
-                )
-                frame = _Frame(self._traj, self._traj.root.span_id)
+                self._traj = traj = Trajectory(tracer, name, step, sample_index, rollout_n,
+                                               bool(validate), policy_version, attrs)  # fmt: skip
+                frame = _Frame(traj, traj.root_id)
         self._token = _current.set(frame)
         return self._traj
 
@@ -115,9 +107,9 @@ class trace_attr:
         traj = self._traj
         if traj is not None:
             self._traj = None
-            traj.root.end_ns = time.time_ns()
+            traj.end_ns = time.time_ns()
             if exc is not None:
-                traj.root.error = exc
+                traj.error = exc
             traj.tracer.submit(traj)
 
     async def __aenter__(self) -> Trajectory | None:
@@ -128,7 +120,9 @@ class trace_attr:
 
 
 def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span:
-    t0 = perf_counter_ns()
+    # One wall-clock read opens the span and starts the hot-path timer (tracer/trajectory.py:
+    # hot_ns); the span's start includes its own snapshot, a microsecond or so.
+    t0 = time_ns()
     traj = frame.traj
     assert traj is not None
     tracer = traj.tracer
@@ -137,9 +131,10 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
         names = op.fast_names
         if names is not None and len(args) <= len(names):
             # common case: positional-or-keyword parameters, no signature binding needed
-            start = 1 if op.is_method else 0
-            inputs, nbytes = snapshot_args(names[start : len(args)], args[start:], kwargs,
-                                           max_items)
+            if op.is_method:
+                inputs, nbytes = snapshot_args(names[1 : len(args)], args[1:], kwargs, max_items)
+            else:
+                inputs, nbytes = snapshot_args(names, args, kwargs, max_items)
         else:
             bound = op.signature.bind_partial(*args, **kwargs).arguments
             for skipped in op.skip:
@@ -151,23 +146,22 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
         for pname, default in op.defaults:
             if pname not in inputs:
                 inputs[pname] = snapshot(default, max_items)[0]
-    span = Span(op.name, op.kind, frame.span_id, inputs)
+    span = Span(op.name, op.kind, frame.span_id, inputs, t0)
     if op.on_begin is not None:
         op.on_begin(span, args, tracer)
     elif op.kind == "generate" and op.is_method and args and tracer.config.token2text:
         span.tokenizer = getattr(args[0], "tokenizer", None)
     traj.nbytes += nbytes + 256
     traj.spans.append(span)
-    traj.hot_ns += perf_counter_ns() - t0
+    traj.hot_ns += time_ns() - t0
     return span
 
 
 def _finish(traj: Trajectory, span: Span, result: Any) -> None:
-    t0 = perf_counter_ns()
-    span.end_ns = time.time_ns()
+    span.end_ns = t0 = time_ns()
     span.outputs, nbytes = snapshot(result, traj.tracer.config.max_list_items)
     traj.nbytes += nbytes
-    traj.hot_ns += perf_counter_ns() - t0
+    traj.hot_ns += time_ns() - t0
 
 
 def _fail(span: Span, exc: BaseException) -> None:

@@ -96,6 +96,10 @@ class Pipeline:
         return ExportWorker(exporter, self.config, self.errors, spool)
 
     def _init_state(self) -> None:
+        # the bounds, read on every submit
+        self._max_trajectories = self.config.max_buffer_trajectories
+        self._max_bytes = self.config.max_buffer_bytes
+        self._batch_size = self.config.export_batch_size
         self.buffer: collections.deque[tuple[int, Trajectory]] = collections.deque()
         self.lock = threading.Lock()
         self.wake = threading.Event()
@@ -136,15 +140,14 @@ class Pipeline:
             if keep is not None and not self._room_for_candidate(keep, traj):
                 self._drop_before_workers(1, "not_kept")
                 return
-            if (
-                len(self.buffer) < self.config.max_buffer_trajectories
-                and self.buffered_bytes + traj.nbytes <= self.config.max_buffer_bytes
-            ):
-                self.buffer.append((seq, traj))
+            buffer = self.buffer
+            n = len(buffer)
+            if n < self._max_trajectories and self.buffered_bytes + traj.nbytes <= self._max_bytes:
+                buffer.append((seq, traj))
                 self.buffered_bytes += traj.nbytes
                 if self.processor is None:
                     self._start()
-                if len(self.buffer) >= self.config.export_batch_size:
+                if n + 1 == self._batch_size:  # once per batch, not on every submit after it
                     self.wake.set()
                 return
             if not any(w.spool is not None for w in self.workers):

@@ -28,12 +28,14 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     verl = is_verl_style(traj.attributes)
     # verl's backends write objects as their fields (pydantic's model_dump), without a type key
     limits = Limits(config.max_field_chars, config.max_list_items, type_keys=not verl)
-    root = traj.root
+    trace_id = traj.settle_ids()  # before the spans are read: a derived root id moves
+    recorded = traj.all_spans()
+    root = recorded[0]
     reward: float | None = None
     spans: list[SpanRecord] = []
     rollout_logprobs: list[float] = []
     tokenizer = tokenizer if tokenizer is not None else trajectory_tokenizer(traj)
-    for span in traj.spans:
+    for span in recorded:
         attrs = _to_attrs(span.attributes, limits)
         end_ns = span.end_ns
         if end_ns == 0:  # still open when the trajectory ended (abandoned generator, leaked task)
@@ -90,7 +92,7 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
             spans[0].attributes.update(summary)
             attributes.update({k: round(v, 6) for k, v in summary.items()})
     return TrajectoryRecord(
-        trace_id=traj.trace_id,
+        trace_id=trace_id,
         name=root.name,
         project_name=config.project_name,
         experiment_name=config.experiment_name,

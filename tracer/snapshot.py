@@ -59,6 +59,13 @@ class _Budget:
 
 def snapshot(value: Any, max_items: int = 20_000) -> tuple[Any, int]:
     """Return ``(copy, approximate_bytes)`` of ``value``; never raises."""
+    t = type(value)
+    if t is str:  # the most common result (a tool's): shared, only counted
+        return value, len(value)
+    if t is dict and len(value) <= _FLAT_DICT_MAX and len(value) <= max_items:
+        flat = _flat_dict(value)
+        if flat is not None:
+            return flat
     budget = _Budget(max_items)
     try:
         return _snap(value, budget, 0), budget.nbytes
@@ -68,18 +75,63 @@ def snapshot(value: Any, max_items: int = 20_000) -> tuple[Any, int]:
 
 def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[str, Any],
                   max_items: int) -> tuple[dict[str, Any], int]:
-    """Snapshot positional ``values`` under ``names``, then ``kwargs``; never raises."""
-    budget = _Budget(max_items)
+    """Snapshot positional ``values`` under ``names``, then ``kwargs``; never raises.
+
+    Strings, scalars and flat dicts (tool arguments) are handled inline, without a budget
+    object or a recursive call; anything else takes the general path."""
     out: dict[str, Any] = {}
-    for name, value in zip(names, values, strict=False):
-        if type(value) is str:  # the most common argument: shared, only counted (inline)
-            budget.nbytes += len(value)
+    nbytes = 0
+    budget: _Budget | None = None
+    for i, value in enumerate(values):  # names is at least as long (checked by the caller)
+        name = names[i]
+        t = type(value)
+        if t is str:  # the most common argument: shared, only counted
+            nbytes += len(value)
             out[name] = value
-        else:
-            out[name] = _snap_safe(value, budget)
-    for name, value in kwargs.items():
+            continue
+        if t is int or t is float or t is bool or value is None:
+            nbytes += 8
+            out[name] = value
+            continue
+        if t is dict and len(value) <= _FLAT_DICT_MAX and len(value) <= max_items:
+            flat = _flat_dict(value)
+            if flat is not None:
+                out[name] = flat[0]
+                nbytes += flat[1]
+                continue
+        if budget is None:
+            budget = _Budget(max_items)
         out[name] = _snap_safe(value, budget)
-    return out, budget.nbytes
+    if kwargs:
+        if budget is None:
+            budget = _Budget(max_items)
+        for name, value in kwargs.items():
+            out[name] = _snap_safe(value, budget)
+    return out, nbytes + (budget.nbytes if budget is not None else 0)
+
+
+_FLAT_DICT_MAX = 32  # a dict this small of strings and numbers is copied without recursion
+
+
+def _flat_dict(d: dict[Any, Any]) -> tuple[dict[Any, Any], int] | None:
+    """``(copy, bytes)`` of a small dict whose values are all strings or numbers, else None.
+
+    The copy is taken first (one C call, atomic under the GIL) and then checked, so another
+    thread cannot slip a mutable value in between the check and the copy."""
+    try:
+        copy = d.copy()
+    except Exception:  # a dict subclass would not get here; belt and braces
+        return None
+    nbytes = 16 * len(copy) + 64
+    for v in copy.values():
+        tv = type(v)
+        if tv is str:
+            nbytes += len(v)
+        elif tv is int or tv is float or tv is bool or v is None:
+            nbytes += 8
+        else:
+            return None
+    return copy, nbytes
 
 
 def _snap_safe(value: Any, budget: _Budget) -> Any:

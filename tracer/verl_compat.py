@@ -276,9 +276,6 @@ class _OwnTrace:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         traj = self.traj
-        if traj is not None and len(traj.spans) > 1:
-            op_span = traj.spans[1]  # the first span opened inside: the op itself
-            op_span.parent_id = None
-            del traj.spans[0]
-            traj.root = op_span
+        if traj is not None and traj.spans:
+            traj.make_root(traj.spans[0])  # the first span opened inside: the op itself
         self.attr.__exit__(exc_type, exc, tb)
