@@ -15,14 +15,26 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _bin(name: str) -> str | None:
+    """A PostgreSQL server binary: on PATH, else where Debian puts it
+    (``/usr/lib/postgresql/<version>/bin``, not on PATH), newest version first."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (folder / name).exists():
+            return str(folder / name)
+    return None
+
+
 def postgres_available() -> str:
     """'' when a temporary server can be started here, else why not."""
     try:
         import psycopg2  # noqa: F401
     except ImportError:
-        return "psycopg2 is not installed"
-    if not shutil.which("initdb") or not shutil.which("pg_ctl"):
-        return "PostgreSQL's initdb/pg_ctl are not on PATH"
+        return "psycopg2 is not installed (pip install 'rollout-tracer[postgres]')"
+    if not _bin("initdb") or not _bin("pg_ctl"):
+        return "PostgreSQL's initdb/pg_ctl are not installed (apt-get install postgresql)"
     if os.geteuid() == 0 and not shutil.which("runuser"):
         return "running as root without runuser"
     return ""
@@ -45,8 +57,9 @@ def temporary_postgres(*databases: str) -> Iterator[list[str]]:
         as_user = ["runuser", "-u", "postgres", "--"]
     data, port = root / "data", _free_port()
 
-    def run(*args: str) -> None:
-        subprocess.run([*as_user, *args], check=True, capture_output=True, timeout=120)
+    def run(name: str, *args: str) -> None:
+        exe = _bin(name) or name
+        subprocess.run([*as_user, exe, *args], check=True, capture_output=True, timeout=120)
 
     try:
         run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
