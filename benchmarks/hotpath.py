@@ -16,6 +16,7 @@ import json
 import pstats
 import re
 import tempfile
+import time
 from typing import Any
 
 import tracer
@@ -76,6 +77,13 @@ def losing_pair(seed: int, step: int) -> tuple[int, int]:
     return (0, 1) if h0 < h1 else (1, 0)
 
 
+# The background processor waits for a whole batch or the flush interval: with both out of
+# reach it runs only at flush(), between repeats, and the trace_attr rows time the rollout
+# thread alone (on a 2-core machine its work would otherwise land inside the timed window).
+HOLD = {"export_batch_size": 1_000_000, "flush_interval_s": 3600.0,
+        "max_buffer_trajectories": 1_000_000}  # fmt: skip
+
+
 def ours(n: int, reps: int) -> dict[str, list[float]]:
     res: dict[str, list[float]] = {}
     op = tracer.trace_op(kind="tool")(tool)
@@ -103,7 +111,7 @@ def ours(n: int, reps: int) -> dict[str, list[float]]:
     # keep rules on (tracer/keep.py): the same losing sample is now a tail candidate, recorded
     # in full so that its end can decide; this is what keep rules cost on the hot path
     tracer.init({"backend": "bench-null", "max_samples_per_step_per_worker": 1,
-                 "keep": ["errors", "extreme_rewards"]})  # fmt: skip
+                 "keep": ["errors", "extreme_rewards"], **HOLD})  # fmt: skip
     with tracer.trace_attr(step=7, sample_index=win):
         pass
     candidate = _in_trajectory(op, args, step=7, sample_index=lose)
@@ -114,10 +122,13 @@ def ours(n: int, reps: int) -> dict[str, list[float]]:
             with tracer.trace_attr(step=7, sample_index=lose):
                 pass
 
+    # trace_attr rows: the rollout thread's own cost. The background processor is held off
+    # while they are timed (it runs at the flush between repeats); what it then costs per
+    # trajectory is its own row, "trajectory_background_build", below.
     n_traj = max(50, n // 10)
     res["trajectory_open_close_tail_candidate"] = per_call_us(
         losing_trajectories, n_traj, reps, tracer.flush)
-    tracer.init({"backend": "bench-null", "max_samples_per_step_per_worker": 1})
+    tracer.init({"backend": "bench-null", "max_samples_per_step_per_worker": 1, **HOLD})
     with tracer.trace_attr(step=7, sample_index=win):
         pass
     res["trajectory_open_close_unsampled"] = per_call_us(
@@ -149,7 +160,17 @@ def ours(n: int, reps: int) -> dict[str, list[float]]:
             with tracer.trace_attr(step=3, sample_index=i):
                 pass
 
-    res["trajectory_open_close"] = per_call_us(trajectories, max(50, n // 10), reps, tracer.flush)
+    tracer.init({"backend": "bench-null", "max_samples_per_step_per_worker": None, **HOLD})
+    res["trajectory_open_close"] = per_call_us(trajectories, n_traj, reps, tracer.flush)
+    # the background's share: building the records of n_traj empty trajectories (one root span
+    # each) and handing them to the no-op exporter, per trajectory, timed around flush()
+    build: list[float] = []
+    for _ in range(reps):
+        trajectories(n_traj)
+        t0 = time.perf_counter()
+        tracer.flush()
+        build.append((time.perf_counter() - t0) / n_traj * 1e6)
+    res["trajectory_background_build"] = build
     tracer.reset()
     return res
 

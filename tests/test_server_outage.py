@@ -68,3 +68,56 @@ def test_server_killed_mid_run_and_restarted_stores_exactly_500(tmp_path: Path):
     finally:
         tracer.reset()
         server.stop()
+
+
+def test_reward_requests_that_fail_mid_batch_are_retried_once_each(tmp_path: Path, monkeypatch):
+    """Rewards go to a tracking server side by side (one REST call each). Two of them fail
+    inside one batch: the batch is retried, the rewards already written are found and not
+    written again, and the exporter forgets the trace ids once the retry has succeeded."""
+    from tracer.backends import mlflow_backend
+
+    real_rest = mlflow_backend.MlflowExporter._rest
+    posts = {"n": 0}
+    lock = threading.Lock()
+
+    def flaky_rest(self, method, endpoint, body):  # the fault: the 3rd and 7th POST fail
+        if method == "POST" and endpoint.endswith("/assessments"):
+            with lock:
+                posts["n"] += 1
+                n = posts["n"]
+            if n in (3, 7):
+                raise ConnectionError(f"injected: reward request {n} lost")
+        return real_rest(self, method, endpoint, body)
+
+    monkeypatch.setattr(mlflow_backend.MlflowExporter, "_rest", flaky_rest)
+    root = tmp_path / "server"
+    root.mkdir()
+    server = start_mlflow_server(root, free_port())
+    try:
+        tracer.init(backend="mlflow", tracking_uri=server.url, project_name="flaky-rewards",
+                    spool_dir=str(tmp_path / "spool"), export_batch_size=20,
+                    flush_interval_s=0.2, replay_interval_s=0.3, export_timeout_s=10)  # fmt: skip
+
+        @tracer.trace_op(kind="reward")
+        def reward(i: int) -> float:
+            return i / 10
+
+        for i in range(40):
+            with tracer.trace_attr(step=0, sample_index=i):
+                reward(i)
+        assert tracer.flush(120), tracer.metrics()
+        exporter = next(
+            w.exporter for w in tracer.current.tracer.pipeline.workers if w.name == "mlflow"
+        )
+        assert getattr(exporter, "_inner", exporter)._attempted == set()
+        traces = search_traces(server.url, "flaky-rewards")
+        assert len(traces) == 40
+        rewards = {
+            t.info.tags["sample_index"]: [a.value for a in t.info.assessments if a.name == "reward"]
+            for t in traces
+        }
+        assert rewards == {str(i): [i / 10] for i in range(40)}  # each once, right value
+        assert posts["n"] >= 42  # the two lost requests were sent again
+    finally:
+        tracer.reset()
+        server.stop()

@@ -19,7 +19,7 @@ TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_
 
 _SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex})
 _MAX_DEPTH = 12
-_FLAT_LIST_MIN = 64  # long lists of numbers are copied at C speed without visiting items
+_FLAT_LIST_MIN = 2  # lists of numbers (token ids) are copied at C speed, items not visited
 _NUMBERS = frozenset({int, float, bool})
 _BY_REFERENCE_BYTES = 64  # charged for an object kept by reference that cannot say its size
 
