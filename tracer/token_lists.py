@@ -27,11 +27,16 @@ def _is_token_key(key: Any) -> bool:
     return isinstance(key, str) and (key in ("ids", "mask") or key.endswith(_SUFFIXES))
 
 
+_NUMBER_TYPES = frozenset({int, float})  # not bool: a list of flags is not per-token numbers
+
+
 def _is_number_list(value: Any) -> bool:
+    # the item types collected at C speed (a generator over a 1,000-id list was ~15% of an
+    # MLflow export)
     return (
         isinstance(value, list)
         and len(value) >= MIN_ITEMS
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        and set(map(type, value)) <= _NUMBER_TYPES
     )
 
 
