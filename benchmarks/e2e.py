@@ -1,12 +1,14 @@
 """Section 2: N trajectories of 5 spans (trajectory, generate, parse, tool, reward) into an
 embedded MLflow sqlite store: time until durable, and how many MLflow holds when read back;
-then the same on PostgreSQL-backed stores when a throwaway server can be started here.
+then the same on PostgreSQL-backed stores when a throwaway server can be started here, and
+through a real tracking server (``mlflow server``, one worker, sqlite behind it).
 
 * ours: ``tracer`` with the ``mlflow`` backend; durable when ``tracer.flush()`` returns.
 * MLflow fluent API at its defaults (async trace logging): one root span with four child spans
   per trajectory, like an instrumented agent loop would open them inline; durable when
   ``mlflow.flush_trace_async_logging()`` returns. Run in its own (spawned) process so MLflow's
-  global tracing state does not touch ours.
+  global tracing state does not touch ours. Its reward is a span only, no ``reward``
+  assessment (ours writes both, for the UI's reward column): the peer does less work.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import count_traces, mlflow_store, quiet_env, section_main
@@ -96,7 +99,11 @@ def ours(n: int, uri: str) -> dict[str, Any]:
         "produce_s": round(produced, 3),
         "durable_s": round(durable, 3),
         "flush_ok": flushed,
-        "writer": "mlflow log_spans (fallback)" if fallback else "bulk",
+        "writer": (
+            "OTLP spans + REST rewards"
+            if uri.startswith("http")
+            else "mlflow log_spans (fallback)" if fallback else "bulk"
+        ),
         "fallback_reason": fallback[:1],
         "stored": count_traces(uri, EXPERIMENT),
         "dropped": metrics.get("tracer/dropped_buffer_full", 0)
@@ -157,7 +164,7 @@ def export_breakdown(n: int, uri: str) -> dict[str, Any]:
     return out
 
 
-def mlflow_fluent(n: int, uri: str) -> dict[str, Any]:
+def mlflow_fluent(n: int, uri: str, experiment: str = EXPERIMENT) -> dict[str, Any]:
     quiet_env()
     import logging
 
@@ -173,7 +180,7 @@ def mlflow_fluent(n: int, uri: str) -> dict[str, Any]:
 
     logging.getLogger("mlflow").addHandler(Catch())
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(EXPERIMENT)
+    mlflow.set_experiment(experiment)
     t0 = time.perf_counter()
     for i in range(n):
         with mlflow.start_span("trajectory", span_type=SpanType.AGENT) as root:
@@ -197,7 +204,7 @@ def mlflow_fluent(n: int, uri: str) -> dict[str, Any]:
     return {
         "produce_s": round(produced, 3),
         "durable_s": round(durable, 3),
-        "stored": count_traces(uri, EXPERIMENT),
+        "stored": count_traces(uri, experiment),
         "warnings": sorted(set(warnings))[:3],
     }
 
@@ -215,6 +222,28 @@ def run(quick: bool) -> dict[str, Any]:
             out["mlflow_fluent"] = pool.apply(mlflow_fluent, (n, fluent_uri))
     out["per_durable_trace"] = per_durable_trace(out["ours"], out["mlflow_fluent"])
     out["postgresql"] = on_postgresql(n)
+    out["server"] = on_server(n)
+    return out
+
+
+def on_server(n: int) -> dict[str, Any]:
+    """The same two runs through one real tracking server (spans as OTLP batches, rewards as
+    REST calls side by side); each run its own experiment."""
+    from tests._servers import start_mlflow_server
+
+    out: dict[str, Any] = {"n": n}
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-server-") as tmp:
+        try:
+            server = start_mlflow_server(Path(tmp))
+        except Exception as exc:  # no mlflow CLI here, port trouble, ...
+            return {"skipped": f"mlflow server did not start: {exc}"[:300]}
+        try:
+            out["ours"] = ours(n, server.url)
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                out["mlflow_fluent"] = pool.apply(mlflow_fluent, (n, server.url, "bench-e2e-fl"))
+        finally:
+            server.stop()
+    out["per_durable_trace"] = per_durable_trace(out["ours"], out["mlflow_fluent"])
     return out
 
 

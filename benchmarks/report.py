@@ -37,7 +37,7 @@ def _f(x: Any, digits: int = 2) -> str:
 
 
 def _mark(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("**met**" if ok else "**MISSED**")
+    return "reported" if ok is None else ("**met**" if ok else "**MISSED**")
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -68,9 +68,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                         per["speedup"] >= 30))  # fmt: skip
         pg = (e2e.get("postgresql") or {}).get("per_durable_trace") or {}
         if pg.get("speedup") is not None:
-            out.append(("durable >= 30x faster per durable trace (PostgreSQL store)",
+            out.append(("durable per durable trace, PostgreSQL store (reported; goal is on sqlite)",
                         f"{pg['speedup']:.1f}x ({pg['ours_ms']} vs {pg['fluent_ms']} ms)",
-                        pg["speedup"] >= 30))  # fmt: skip
+                        None))  # fmt: skip
+        sv = (e2e.get("server") or {}).get("per_durable_trace") or {}
+        if sv.get("speedup") is not None:  # no goal set: reported
+            out.append(("durable per durable trace, through a tracking server (reported)",
+                        f"{sv['speedup']:.1f}x ({sv['ours_ms']} vs {sv['fluent_ms']} ms)",
+                        None))  # fmt: skip
     for eng in (r.get("throughput") or {}).get("engines", []):
         if eng.get("engine") == "hf" and "modes" in eng:
             rel = eng["modes"]["on_100pct"]["relative_throughput"]
@@ -155,18 +160,18 @@ def _e2e(e: dict[str, Any]) -> list[str]:
         "| path | produce s | durable s | stored | dropped/warnings |",
         "|---|---:|---:|---:|---|",
     ]
-    o, f = e["ours"], e["mlflow_fluent"]
-    lines.append(
-        f"| rollout-tracer (mlflow backend) | {o['produce_s']} | {o['durable_s']} "
-        f"| {o['stored']}/{n} | {o['dropped']} dropped |"
-    )
-    warn = "; ".join(f.get("warnings") or []) or "none"
-    lines.append(
-        f"| MLflow fluent `start_span` | {f['produce_s']} | {f['durable_s']} "
-        f"| {f['stored']}/{n} | {warn} |"
-    )
-    speed = f["durable_s"] / o["durable_s"] if o["durable_s"] else 0.0
-    lines += ["", f"Time to durable: ours is {speed:.1f}x faster.", ""]
+    lines += _e2e_rows(e, n)
+    for key, title in (
+        ("postgresql", "PostgreSQL-backed stores (a throwaway local server, fsync on)"),
+        ("server", "through a real tracking server (`mlflow server`, 1 worker, sqlite behind)"),
+    ):
+        part = e.get(key) or {}
+        lines += [f"**{title}**", ""]
+        if "ours" not in part:
+            lines += [f"Not run: {part.get('skipped', 'no result')}", ""]
+            continue
+        lines += ["| path | produce s | durable s | stored | dropped/warnings |",
+                  "|---|---:|---:|---:|---|", *_e2e_rows(part, n)]  # fmt: skip
     bd = e.get("ours_export_breakdown")
     if bd:
         lines += [
@@ -180,6 +185,22 @@ def _e2e(e: dict[str, Any]) -> list[str]:
             lines.append(f"| `{name}` | {c['calls']} | {c['ms_per_trajectory']} |")
         lines.append("")
     return lines
+
+
+def _e2e_rows(e: dict[str, Any], n: int) -> list[str]:
+    o, f = e["ours"], e["mlflow_fluent"]
+    warn = "; ".join(f.get("warnings") or []) or "none"
+    per = e.get("per_durable_trace") or {}
+    return [
+        f"| rollout-tracer (mlflow backend, {o.get('writer', '?')}) | {o['produce_s']} "
+        f"| {o['durable_s']} | {o['stored']}/{n} | {o['dropped']} dropped |",
+        f"| MLflow fluent `start_span` | {f['produce_s']} | {f['durable_s']} "
+        f"| {f['stored']}/{n} | {warn} |",
+        "",
+        f"Per durable trace: ours {per.get('ours_ms')} ms, MLflow fluent {per.get('fluent_ms')} "
+        f"ms: **{per.get('speedup')}x**.",
+        "",
+    ]
 
 
 def _throughput(t: dict[str, Any]) -> list[str]:
