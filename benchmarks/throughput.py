@@ -36,6 +36,10 @@ MODES = {
     # the same 100 % sampling with MLflow's export work in a child process (off the GIL)
     "on_100pct_subprocess": {"max_samples_per_step_per_worker": None,
                              "export_in_subprocess": True},
+    # the same 100 % sampling without the switch-interval courtesy (tracer/gil.py): the
+    # rollout's thread waits up to the interpreter's 5 ms for the GIL after each await
+    "on_100pct_no_courtesy": {"max_samples_per_step_per_worker": None,
+                              "background_switch_interval_s": None},
 }
 
 

@@ -93,6 +93,10 @@ class TraceConfig:
     # run each backend's export calls in a child process, off the rollout's GIL (opt-in:
     # worth it when the rollout itself is Python-bound; costs a process per backend)
     export_in_subprocess: bool = False
+    # while a background stage (processing, export) works, the interpreter's switch interval
+    # is at most this, so the rollout's thread waits that long at most for the GIL after an
+    # await (tracer/gil.py); the user's own value is back when the tracer is idle. None: off
+    background_switch_interval_s: float | None = 0.0005
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
     on_backend_error: str = "raise"
     # raise tracer-internal errors instead of logging them (the project's own tests set it)
@@ -121,6 +125,11 @@ class TraceConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not (self.flush_interval_s > 0):
             raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s!r}")
+        bsi = self.background_switch_interval_s
+        if bsi is not None and (isinstance(bsi, bool) or not isinstance(bsi, (int, float))
+                                or not 0 < bsi <= 1):  # fmt: skip
+            raise ConfigError("background_switch_interval_s must be None (leave the "
+                              f"interpreter's switch interval alone) or in (0, 1] s, got {bsi!r}")
         if self.export_max_retries < 0:
             raise ConfigError(f"export_max_retries must be >= 0, got {self.export_max_retries!r}")
         for pattern in self.redact_patterns:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
 from tracer.errors import InternalErrors, log_every
+from tracer.gil import courtesy
 from tracer.record import TrajectoryRecord
 from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
 
@@ -294,7 +295,8 @@ class ExportWorker:
         delay = 0.25
         for attempt in range(retries + 1):
             try:
-                result = self.exporter.export(batch, replay=replay)
+                with courtesy(self.config.background_switch_interval_s):
+                    result = self.exporter.export(batch, replay=replay)
             except Exception as exc:
                 result = ExportResult.FAILURE
                 key = f"export {self.name}"

@@ -14,6 +14,8 @@ from typing import Any
 from tracer.snapshot import ObjectSnapshot, Truncated
 
 MAX_DEPTH = 24
+_JSON_INTS = frozenset({int, bool, type(None)})
+_JSON_NUMBERS = frozenset({int, bool, float})
 
 
 class Limits:
@@ -114,7 +116,13 @@ def _render_list(
     items: list[Any], original: int, limits: Limits, d: int, path: set[int]
 ) -> list[Any]:
     keep = items[: limits.max_items]
-    out = [to_jsonable(v, limits, d, path) for v in keep]
+    types = set(map(type, keep))  # at C speed: token ids and log-probs skip the per-item walk
+    if types <= _JSON_INTS:
+        out = keep  # a slice: already a copy
+    elif types <= _JSON_NUMBERS and math.isfinite(sum(keep)):  # a NaN or inf makes it non-finite
+        out = keep
+    else:
+        out = [to_jsonable(v, limits, d, path) for v in keep]
     if original > len(keep):
         out.append(truncation_marker(original, len(keep), "items"))
     return out

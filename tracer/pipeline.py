@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.backends.base import Exporter, as_exporter
 from tracer.errors import InternalErrors, log_every
 from tracer.export_worker import ExportWorker
+from tracer.gil import courtesy
 from tracer.keep import KeepRules
 from tracer.record import TrajectoryRecord
 from tracer.record_builder import build_record
@@ -230,7 +231,8 @@ class Pipeline:
 
     def _process_guarded(self, batch: list[tuple[int, Trajectory]], token: int) -> None:
         try:
-            self._process(batch)
+            with courtesy(self.config.background_switch_interval_s):
+                self._process(batch)
         except Exception as exc:  # _process settles every trajectory; this is the backstop
             with self.lock:
                 self._drop_before_workers(len(batch), "internal_error")

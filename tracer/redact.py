@@ -38,6 +38,7 @@ BUILTIN_PATTERNS: dict[str, tuple[tuple[str, ...], str]] = {
     "hf-token": (("hf_",), r"\bhf_[A-Za-z0-9]{20,}"),
 }
 _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET", re.IGNORECASE)
+_NUMBERS = frozenset({int, float, bool, type(None)})
 _MIN_SECRET = 8  # shorter env values ("1", "true") would redact half of every text
 
 
@@ -96,6 +97,11 @@ class Redactor:
                 done = memo[id(x)] = self.text(x)
             return done
         if isinstance(x, list):
+            # token ids, masks, log-probs: no string inside, so nothing to redact; the item
+            # types are collected at C speed (walking a 1,000-id list item by item was 40% of
+            # the background's processing time for a traced rollout)
+            if not x or set(map(type, x)) <= _NUMBERS:
+                return x
             return [self.value(v, memo) for v in x]
         if isinstance(x, dict):
             return {k: self.value(v, memo) for k, v in x.items()}

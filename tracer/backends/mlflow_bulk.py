@@ -232,6 +232,7 @@ class BulkWriter:
             ("assessments", parts.SqlAssessments),
         ):
             table = model.__table__
+            stmt: Any  # a dialect's Insert, then its ReturningInsert on PostgreSQL
             if on_pg:
                 stmt = postgresql.insert(table).on_conflict_do_nothing()
                 stmt = stmt.returning(next(iter(table.primary_key.columns)))
