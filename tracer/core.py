@@ -43,6 +43,8 @@ class Tracer:
         self._annotator_lock = threading.Lock()
         self.active = False
         self.keep_on = self.config.keep_on
+        if not self.keep_on:  # the sampler decides alone: one Python call fewer per trajectory
+            self.admit = self.sampler.admit  # type: ignore[method-assign]
 
     def start(self) -> Tracer:
         """Create the backends (so configuration and connection errors surface here)."""

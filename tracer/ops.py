@@ -24,24 +24,20 @@ from tracer.trajectory import Span, Trajectory
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _Frame:
-    """What the context variable holds: the trajectory (None = not traced) and the parent span."""
-
-    __slots__ = ("span_id", "traj")
-
-    def __init__(self, traj: Trajectory | None, span_id: int | None) -> None:
-        self.traj = traj
-        self.span_id = span_id
-
-
-_NOT_TRACED = _Frame(None, None)  # not sampled, or tracing off
-_DISABLED = _Frame(None, None)  # inside trace_attr(trace=False): nested trajectories stay off
-_current: ContextVar[_Frame | None] = ContextVar("rollout_tracer_frame", default=None)
+# What the context variable holds: (trajectory, parent span id). A plain tuple: one is made for
+# every traced call, and building a tuple costs a fraction of an object's __init__. The
+# trajectory is None when not traced; the sentinels differ in their second item so that they
+# stay distinct objects (equal constant tuples would be folded into one).
+_Frame = tuple[Any, Any]
+OUTSIDE: _Frame = (None, 0)  # outside any trace_attr
+_NOT_TRACED: _Frame = (None, None)  # inside one that is not sampled, or tracing off
+_DISABLED: _Frame = (None, -1)  # inside trace_attr(trace=False): nested trajectories stay off
+_current: ContextVar[_Frame] = ContextVar("rollout_tracer_frame", default=OUTSIDE)
 
 
 def current_trajectory() -> Trajectory | None:
-    frame = _current.get()
-    return frame.traj if frame is not None else None
+    traj: Trajectory | None = _current.get()[0]
+    return traj
 
 
 class trace_attr:
@@ -79,7 +75,7 @@ class trace_attr:
             policy_version,
             attributes,
         )
-        self._token: Token[_Frame | None] | None = None
+        self._token: Token[_Frame] | None = None
         self._traj: Trajectory | None = None
 
     def __enter__(self) -> Trajectory | None:
@@ -93,7 +89,7 @@ class trace_attr:
             if traced:
                 self._traj = traj = Trajectory(tracer, name, step, sample_index, rollout_n,
                                                bool(validate), policy_version, attrs)  # fmt: skip
-                frame = _Frame(traj, traj.root_id)
+                frame = (traj, traj.root_id)
         self._token = _current.set(frame)
         return self._traj
 
@@ -102,7 +98,7 @@ class trace_attr:
             try:
                 _current.reset(self._token)
             except ValueError:  # exited in another context (a generator resumed elsewhere)
-                _current.set(None)
+                _current.set(OUTSIDE)
             self._token = None
         traj = self._traj
         if traj is not None:
@@ -119,12 +115,11 @@ class trace_attr:
         self.__exit__(exc_type, exc, tb)
 
 
-def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span:
+def _begin(traj: Trajectory, parent_id: int, op: _OpInfo, args: tuple[Any, ...],
+           kwargs: dict[str, Any]) -> Span:  # fmt: skip
     # One wall-clock read opens the span and starts the hot-path timer (tracer/trajectory.py:
     # hot_ns); the span's start includes its own snapshot, a microsecond or so.
     t0 = time_ns()
-    traj = frame.traj
-    assert traj is not None
     tracer = traj.tracer
     max_items = tracer.config.max_list_items
     try:
@@ -146,7 +141,7 @@ def _begin(frame: _Frame, op: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, 
         for pname, default in op.defaults:
             if pname not in inputs:
                 inputs[pname] = snapshot(default, max_items)[0]
-    span = Span(op.name, op.kind, frame.span_id, inputs, t0)
+    span = Span(op.name, op.kind, parent_id, inputs, t0)
     if op.on_begin is not None:
         op.on_begin(span, args, tracer)
     elif op.kind == "generate" and op.is_method and args and tracer.config.token2text:
@@ -231,11 +226,11 @@ def trace_op(kind: str = "other", name: str | None = None) -> Callable[[F], F]:
 
 def _wrap_sync(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        frame = _current.get()
-        if frame is None or frame.traj is None:
+        traj, parent_id = _current.get()
+        if traj is None:
             return fn(*args, **kwargs)
-        span = _begin(frame, op, args, kwargs)
-        token = _current.set(_Frame(frame.traj, span.span_id))
+        span = _begin(traj, parent_id, op, args, kwargs)
+        token = _current.set((traj, span.span_id))
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -243,7 +238,7 @@ def _wrap_sync(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
             raise
         finally:
             _current.reset(token)
-        _finish(frame.traj, span, result)
+        _finish(traj, span, result)
         return result
 
     return wrapper
@@ -251,11 +246,11 @@ def _wrap_sync(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
 
 def _wrap_async(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        frame = _current.get()
-        if frame is None or frame.traj is None:
+        traj, parent_id = _current.get()
+        if traj is None:
             return await fn(*args, **kwargs)
-        span = _begin(frame, op, args, kwargs)
-        token = _current.set(_Frame(frame.traj, span.span_id))
+        span = _begin(traj, parent_id, op, args, kwargs)
+        token = _current.set((traj, span.span_id))
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:  # CancelledError included: recorded, then re-raised
@@ -263,7 +258,7 @@ def _wrap_async(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
             raise
         finally:
             _current.reset(token)
-        _finish(frame.traj, span, result)
+        _finish(traj, span, result)
         return result
 
     return wrapper
@@ -271,12 +266,11 @@ def _wrap_async(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
 
 def _wrap_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        frame = _current.get()
-        if frame is None or frame.traj is None:
+        traj, parent_id = _current.get()
+        if traj is None:
             return (yield from fn(*args, **kwargs))
-        traj = frame.traj
-        span = _begin(frame, op, args, kwargs)
-        inner = _Frame(traj, span.span_id)
+        span = _begin(traj, parent_id, op, args, kwargs)
+        inner = (traj, span.span_id)
         yielded: list[Any] = []
         gen = fn(*args, **kwargs)
         send: Any = None
@@ -316,8 +310,8 @@ def _wrap_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
 
 def _wrap_async_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        frame = _current.get()
-        if frame is None or frame.traj is None:
+        traj, parent_id = _current.get()
+        if traj is None:
             # What ``yield from`` does for a generator, by hand: asend, athrow and aclose reach
             # the inner generator exactly, so a sampled-out call behaves like a traced one.
             plain = fn(*args, **kwargs)
@@ -339,9 +333,8 @@ def _wrap_async_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
                         thrown = exc
             except StopAsyncIteration:
                 return
-        traj = frame.traj
-        span = _begin(frame, op, args, kwargs)
-        inner = _Frame(traj, span.span_id)
+        span = _begin(traj, parent_id, op, args, kwargs)
+        inner = (traj, span.span_id)
         yielded: list[Any] = []
         agen = fn(*args, **kwargs)
         send: Any = None

@@ -30,7 +30,7 @@ from tracer.config import ConfigError
 from tracer.core import Tracer, get_tracer
 from tracer.core import init as _init_tracer
 from tracer.core import reset as _reset_tracer
-from tracer.ops import _current, _OpInfo, trace_attr, trace_op
+from tracer.ops import OUTSIDE, _current, _OpInfo, trace_attr, trace_op
 from tracer.record import STYLE_KEY
 from tracer.trajectory import Span
 
@@ -202,7 +202,7 @@ def rollout_trace_op(func: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(func):
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if _current.get() is not None or not get_tracer().active:
+            if _current.get() is not OUTSIDE or not get_tracer().active:
                 return await native(*args, **kwargs)
             with _OwnTrace(name):
                 return await native(*args, **kwargs)
@@ -213,7 +213,7 @@ def rollout_trace_op(func: Callable[..., Any]) -> Callable[..., Any]:
     else:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if _current.get() is not None or not get_tracer().active:
+            if _current.get() is not OUTSIDE or not get_tracer().active:
                 return native(*args, **kwargs)
             with _OwnTrace(name):
                 return native(*args, **kwargs)
