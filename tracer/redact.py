@@ -89,23 +89,39 @@ class Redactor:
         return s
 
     def value(self, x: Any, memo: dict[int, str] | None = None) -> Any:
+        # Strings and scalars inside containers are handled in the loop, without a call per
+        # value: a traced rollout's record holds a few hundred of them.
         if isinstance(x, str):
-            if memo is None:
-                return self.text(x)
-            done = memo.get(id(x))
-            if done is None:  # the root shows its first child's inputs: same strings
-                done = memo[id(x)] = self.text(x)
-            return done
+            return self._str(x, memo)
         if isinstance(x, list):
             # token ids, masks, log-probs: no string inside, so nothing to redact; the item
             # types are collected at C speed (walking a 1,000-id list item by item was 40% of
             # the background's processing time for a traced rollout)
             if not x or set(map(type, x)) <= _NUMBERS:
                 return x
-            return [self.value(v, memo) for v in x]
+            return [self._str(v, memo) if type(v) is str else self.value(v, memo) for v in x]
         if isinstance(x, dict):
-            return {k: self.value(v, memo) for k, v in x.items()}
+            out = {}
+            for k, v in x.items():
+                tv = type(v)
+                if tv is str:
+                    out[k] = self._str(v, memo)
+                elif tv in _NUMBERS:
+                    out[k] = v
+                else:
+                    out[k] = self.value(v, memo)
+            return out
         return x
+
+    def _str(self, s: str, memo: dict[int, str] | None) -> str:
+        if len(s) < _MIN_SECRET and self.callback is None:
+            return s  # too short to hold a secret, and no callback to see it
+        if memo is None:
+            return self.text(s)
+        done = memo.get(id(s))
+        if done is None:  # the root shows its first child's inputs: same strings
+            done = memo[id(s)] = self.text(s)
+        return done
 
     def record(self, record: TrajectoryRecord) -> TrajectoryRecord:
         memo: dict[int, str] = {}
