@@ -132,11 +132,18 @@ def _render_dict(
     x: dict[Any, Any], original: int, limits: Limits, d: int, path: set[int]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    max_chars = limits.max_chars
     for i, (k, v) in enumerate(x.items()):
         if i >= limits.max_items:
             break
         key = k if isinstance(k, str) else safe_repr(k, limits)
-        out[key] = to_jsonable(v, limits, d, path)
+        tv = type(v)
+        if tv is str and len(v) <= max_chars and v.isascii():  # most values: as they are
+            out[key] = v
+        elif tv is int or tv is bool or v is None:
+            out[key] = v
+        else:
+            out[key] = to_jsonable(v, limits, d, path)
     if original > len(out):
         out["__truncated__"] = truncation_marker(original, len(out), "keys")
     return out
