@@ -138,9 +138,8 @@ def _render_dict(
             break
         key = k if isinstance(k, str) else safe_repr(k, limits)
         tv = type(v)
-        if tv is str and len(v) <= max_chars and v.isascii():  # most values: as they are
-            out[key] = v
-        elif tv is int or tv is bool or v is None:
+        # most values are taken as they are: short ASCII strings, ints, bools, None
+        if (tv is str and len(v) <= max_chars and v.isascii()) or tv in _JSON_INTS:
             out[key] = v
         else:
             out[key] = to_jsonable(v, limits, d, path)

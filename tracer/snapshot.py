@@ -237,8 +237,11 @@ def _snap_object(x: Any, t: type, b: _Budget, depth: int) -> Any:
             )
         return t_  # CUDA: no copy and no sync here; the worker moves it to the CPU
     d = depth + 1
-    if dataclasses.is_dataclass(x):
-        fields = {f.name: _snap(getattr(x, f.name, None), b, d) for f in dataclasses.fields(x)}
+    names = _DATACLASS_FIELDS.get(t)
+    if names is None and dataclasses.is_dataclass(x) and not isinstance(x, type):
+        names = _dataclass_fields(t)
+    if names is not None:
+        fields = {name: _snap(getattr(x, name, None), b, d) for name in names}
         return ObjectSnapshot(t.__qualname__, fields)
     if hasattr(t, "model_fields") and hasattr(x, "__dict__"):  # pydantic v2 model
         return ObjectSnapshot(t.__qualname__, {k: _snap(v, b, d) for k, v in vars(x).items()})
@@ -258,6 +261,20 @@ def _snap_object(x: Any, t: type, b: _Budget, depth: int) -> Any:
         return _snap(frozenset(x), b, depth)
     b.nbytes += _shallow_size(x)
     return x  # kept by reference, rendered by the worker
+
+
+# A dataclass type's field names, found once: ``dataclasses.fields`` builds a new tuple on
+# every call, and an agent loop's output holds one dataclass per turn.
+_DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}
+_MAX_DATACLASS_TYPES = 1024  # types made on the fly (make_dataclass in a loop) stay bounded
+
+
+def _dataclass_fields(t: type) -> tuple[str, ...]:
+    names = tuple(f.name for f in dataclasses.fields(t))
+    if len(_DATACLASS_FIELDS) >= _MAX_DATACLASS_TYPES:
+        _DATACLASS_FIELDS.clear()
+    _DATACLASS_FIELDS[t] = names
+    return names
 
 
 def _shallow_size(x: Any) -> int:
