@@ -122,6 +122,7 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
     flush: dict[str, list[float]] = {m: [] for m in MODES}
     work: dict[str, tuple[int, int]] = {}
     metrics: dict[str, Any] = {}
+    child_rss: dict[str, float | None] = {}
 
     async def main() -> None:
         tracer.reset()
@@ -148,6 +149,7 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
                 flush[mode].append(time.perf_counter() - t)
                 if overrides is not None:
                     metrics[mode] = tracer.metrics()
+                    child_rss[mode] = _export_children_rss_mib()
                 tracer.reset()
         await engine.close()
 
@@ -173,8 +175,30 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
             "relative_throughput": round(base / med, 4),
             "flush_s": round(statistics.median(flush[mode]), 3),
             "exported_last_rep": exported,
+            "export_child_rss_mib": child_rss.get(mode),
         }
     return out
+
+
+def _export_children_rss_mib() -> float | None:
+    """RSS of the export child processes (export_in_subprocess), None when there are none."""
+    import tracer.current
+
+    pipeline = getattr(tracer.current.tracer, "pipeline", None)
+    total = 0.0
+    found = False
+    for worker in getattr(pipeline, "workers", []):
+        pid = getattr(worker.exporter, "pid", None)
+        if pid is None:
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        total += kb / 1024
+        found = True
+    return round(total, 1) if found else None
 
 
 def run(quick: bool) -> dict[str, Any]:
