@@ -53,6 +53,14 @@ def test_a_value_the_user_sets_meanwhile_wins() -> None:
     assert sys.getswitchinterval() == pytest.approx(0.002)
 
 
+def test_a_value_the_user_sets_meanwhile_wins_when_another_stage_begins() -> None:
+    with gil.courtesy(0.0005):
+        sys.setswitchinterval(0.002)  # the user's, while one stage works
+        with gil.courtesy(0.0005):  # a second stage lowers it again...
+            assert sys.getswitchinterval() == pytest.approx(0.0005, rel=0.01)
+    assert sys.getswitchinterval() == pytest.approx(0.002)  # ...and gives the user's back
+
+
 def test_an_exception_inside_still_restores() -> None:
     with pytest.raises(RuntimeError), gil.courtesy(0.0005):
         raise RuntimeError("boom")

@@ -46,7 +46,7 @@ def _begin(interval_s: float) -> None:
     with _lock:
         _active += 1
         current = sys.getswitchinterval()
-        if _active == 1:
+        if _active == 1 or current != _ours:  # the first stage, or the user set one meanwhile
             _saved = current
         if current > interval_s:
             sys.setswitchinterval(interval_s)
