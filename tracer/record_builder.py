@@ -277,7 +277,7 @@ def _as_id_list(ids: Any) -> tuple[list[Any], int]:
     return ids, original if original is not None else len(ids)
 
 
-_INT_ONLY = {int}  # not bool: True is not a token id
+_INT_ONLY = frozenset({int})  # not bool: True is not a token id
 
 
 def decode_ids(tokenizer: Any, raw_ids: Any) -> tuple[str, int]:
