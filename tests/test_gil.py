@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +133,137 @@ def test_config_checks_the_interval() -> None:
     with pytest.raises(ConfigError, match="background_switch_interval_s"):
         tracer.TraceConfig(backend=None, background_switch_interval_s="fast")
     assert tracer.TraceConfig(backend=None, background_switch_interval_s=None)
+
+
+# ------------------------------------------------------------------- step_aside
+class _Hog:
+    """A thread that runs Python without pause: a CPU-bound rollout wanting the GIL."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            sum(range(2000))
+
+    def __enter__(self) -> _Hog:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def _probe(yield_s: float | None, urgent: bool = False, n: int = 8) -> list[int]:
+    """step_aside after a slice of the stage's own work, n times: the waits of each."""
+    waits = []
+    for _ in range(n):
+        gil._slices.t = time.perf_counter_ns() - 2 * gil.SLICE_NS  # a slice of work is done
+        waits.append(gil.step_aside(yield_s, urgent))
+    return waits
+
+
+def test_step_aside_waits_only_while_another_thread_wants_the_gil() -> None:
+    assert min(_probe(0.002)) == 0  # alone: the hand-back is immediate (noise may cost one)
+    before = gil.stepped_aside_ns()
+    with _Hog():
+        waits = _probe(0.002)
+        assert max(waits) >= 1, waits  # the hog held the GIL: the stage kept off it
+        assert max(waits) <= gil.MAX_WAITS  # and always goes on
+        assert _probe(0.002, urgent=True) == [0] * 8  # a filling buffer: never waits
+        assert _probe(None) == [0] * 8  # turned off
+    assert gil.stepped_aside_ns() > before
+
+
+def test_step_aside_probes_once_per_slice_of_work() -> None:
+    with _Hog():
+        gil._slices.t = time.perf_counter_ns() + 10**9  # a probe "just happened", for 1 s
+        assert [gil.step_aside(0.002) for _ in range(50)] == [0] * 50  # no slice done yet
+        gil._slices.t -= 10**9 + gil.SLICE_NS  # the slice is over: the next call probes
+        before = time.perf_counter_ns()
+        gil.step_aside(0.002)
+        assert gil._slices.t >= before  # and starts the next slice
+
+
+def test_a_cpu_bound_rollout_never_starves_the_tracer(tmp_path: Path) -> None:
+    """With a thread holding the GIL all along, every trajectory is still exported (the
+    stages step aside at most MAX_WAITS times per slice), and the metric shows it did."""
+    path = tmp_path / "out.jsonl"
+    tracer.init(backend="jsonl", jsonl_path=str(path), spool_dir=str(tmp_path / "spool"),
+                flush_interval_s=0.05)  # fmt: skip
+    try:
+        with _Hog():
+            for i in range(300):
+                with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+                    pass
+                if i % 50 == 0:
+                    time.sleep(0.05)  # let the stages start while the hog runs
+            assert tracer.flush(timeout_s=120)
+            metrics = tracer.metrics()
+    finally:
+        tracer.reset()
+    assert len(path.read_text().splitlines()) == 300
+    assert metrics["tracer/jsonl/exported"] == 300
+    assert metrics["tracer/stepped_aside_ms"] > 0
+
+
+def test_the_processor_does_not_step_aside_with_the_buffer_half_full() -> None:
+    tracer.init(backend="memory", export_batch_size=1_000_000, flush_interval_s=3600.0,
+                max_buffer_trajectories=10)  # fmt: skip
+    try:
+        pipeline = tracer.get_tracer().pipeline
+        assert pipeline is not None
+        for i in range(5):
+            assert not pipeline._urgent()
+            with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+                pass
+        assert pipeline._urgent()  # 5 of 10
+    finally:
+        tracer.reset()
+
+
+def test_config_checks_the_yield() -> None:
+    for bad in (0, -1, 0.5, "fast", True):
+        with pytest.raises(ConfigError, match="background_yield_s"):
+            tracer.TraceConfig(backend=None, background_yield_s=bad)
+    assert tracer.TraceConfig(backend=None, background_yield_s=None)
+
+
+def test_the_export_child_gets_no_courtesies() -> None:
+    from tracer.backends.subprocess_proxy import picklable
+
+    child = picklable(tracer.TraceConfig(backend="mlflow"))
+    assert child.background_yield_s is None and child.background_switch_interval_s is None
+
+
+def test_the_rollouts_own_thread_never_steps_aside(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A full buffer makes the rollout's thread build and spool its trajectory itself; that
+    work must not wait for anybody (the spy records which thread asked to step aside)."""
+    import tracer.pipeline as pipeline_module
+
+    calls: list[tuple[bool, float | None]] = []
+    real = pipeline_module.step_aside
+
+    def spy(yield_s: float | None, urgent: bool = False) -> int:
+        calls.append((threading.current_thread() is threading.main_thread(), yield_s))
+        return real(yield_s, urgent)
+
+    monkeypatch.setattr(pipeline_module, "step_aside", spy)
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "out.jsonl"),
+                spool_dir=str(tmp_path / "spool"), export_batch_size=1_000_000,
+                flush_interval_s=3600.0, max_buffer_trajectories=2)  # fmt: skip
+    try:
+        for i in range(6):  # 2 fill the buffer, the next overflow on this thread
+            with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+                pass
+        assert tracer.metrics()["tracer/overflowed_to_spool"] >= 1
+        assert tracer.flush(timeout_s=30)
+    finally:
+        tracer.reset()
+    on_main = [y for main, y in calls if main]
+    assert on_main and set(on_main) == {None}  # asked, with stepping aside off
+    assert any(y is not None for main, y in calls if not main)  # the processor's thread may

@@ -97,6 +97,11 @@ class TraceConfig:
     # is at most this, so the rollout's thread waits that long at most for the GIL after an
     # await (tracer/gil.py); the user's own value is back when the tracer is idle. None: off
     background_switch_interval_s: float | None = 0.0005
+    # between items (a trajectory, a record, a batch) a background stage gives the GIL away;
+    # when the rollout's thread was waiting for it, the stage keeps off the GIL this long (up
+    # to 4 times per millisecond of its own work), unless the buffer is half full
+    # (tracer/gil.py: step_aside). None: off
+    background_yield_s: float | None = 0.002
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
     on_backend_error: str = "raise"
     # raise tracer-internal errors instead of logging them (the project's own tests set it)
@@ -130,6 +135,11 @@ class TraceConfig:
                                 or not 0 < bsi <= 1):  # fmt: skip
             raise ConfigError("background_switch_interval_s must be None (leave the "
                               f"interpreter's switch interval alone) or in (0, 1] s, got {bsi!r}")
+        byl = self.background_yield_s
+        if byl is not None and (isinstance(byl, bool) or not isinstance(byl, (int, float))
+                                or not 0 < byl <= 0.1):  # fmt: skip
+            raise ConfigError("background_yield_s must be None (background stages never step "
+                              f"aside) or in (0, 0.1] s, got {byl!r}")
         if self.export_max_retries < 0:
             raise ConfigError(f"export_max_retries must be >= 0, got {self.export_max_retries!r}")
         for pattern in self.redact_patterns:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
 from tracer.errors import InternalErrors, log_every
-from tracer.gil import courtesy
+from tracer.gil import courtesy, step_aside
 from tracer.record import TrajectoryRecord
 from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
 
@@ -294,6 +294,7 @@ class ExportWorker:
                 ) -> ExportResult:  # fmt: skip
         delay = 0.25
         for attempt in range(retries + 1):
+            step_aside(self.config.background_yield_s)
             try:
                 with courtesy(self.config.background_switch_interval_s):
                     result = self.exporter.export(batch, replay=replay)

@@ -12,6 +12,16 @@ and puts the previous value back when the last one is done, so the rollout's thr
 most ``interval_s`` for the GIL. When nothing of the tracer runs, the interpreter runs with
 the user's own setting. If the user changes the interval while it is lowered, theirs is kept.
 ``TraceConfig.background_switch_interval_s = None`` turns this off.
+
+A shorter wait is not yet a fair share: while both want it, the GIL goes round-robin, so a
+rollout whose Python work comes in bursts (every trajectory of a step tokenizes its prompt at
+once) runs those bursts at half speed for as long as the tracer's threads have work.
+:func:`step_aside`, called by a background stage between its items, hands the GIL over; if
+the hand-back took long, another thread was waiting for it and ran meanwhile, and the stage
+sleeps ``background_yield_s`` (without the GIL) before it goes on, up to four times per
+millisecond of its own work so it always progresses. The tracer's work then runs mostly in the
+rollout's idle time (its awaits on the engine). A stage whose input is filling up passes
+``urgent`` and does not wait: an overflowing buffer would cost the rollout more.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -71,11 +82,58 @@ def active() -> int:
 
 def _after_fork_in_child() -> None:
     # the stages that lowered it do not exist in the child: give the child the old value back
-    global _active, _saved, _ours, _lock
+    global _active, _saved, _ours, _lock, _aside_lock, _aside_ns
     _lock = threading.Lock()
     if _active and _saved is not None and sys.getswitchinterval() == _ours:
         sys.setswitchinterval(_saved)
     _active, _saved, _ours = 0, None, None
+    _aside_lock, _aside_ns = threading.Lock(), 0  # the parent's time is not the child's
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# step_aside: probe at most once per this much of a stage's own work (a probe costs ~80 µs of
+# wall time, the kernel's timer slack, but no CPU and no GIL)
+SLICE_NS = 1_000_000
+# a hand-back slower than this means another thread held the GIL meanwhile: it waited for it
+# (it holds it at least the switch interval, 0.5 ms under courtesy; the probe alone ~0.08 ms)
+CONTENDED_NS = 300_000
+MAX_WAITS = 4  # per slice: the stage's share never falls below ~1/9 of a core
+_slices = threading.local()
+_aside_lock = threading.Lock()
+_aside_ns = 0  # total time stages kept off the GIL for another thread (tracer/stepped_aside_ms)
+
+
+def step_aside(yield_s: float | None, urgent: bool = False) -> int:
+    """Between two items of a background stage: give the GIL to a thread that wants it, and
+    keep off it for ``yield_s`` at a time while one does. Returns how many waits it made."""
+    if yield_s is None:
+        return 0
+    now = time.perf_counter_ns()
+    last = getattr(_slices, "t", None)
+    if last is None or now - last < SLICE_NS:
+        if last is None:
+            _slices.t = now
+        return 0
+    global _aside_ns
+    waits = 0
+    start = time.perf_counter_ns()
+    while True:
+        t0 = time.perf_counter_ns()
+        time.sleep(0)  # releases the GIL; a waiting thread takes it and holds it a while
+        if urgent or waits >= MAX_WAITS or time.perf_counter_ns() - t0 < CONTENDED_NS:
+            break
+        time.sleep(yield_s)
+        waits += 1
+    _slices.t = end = time.perf_counter_ns()
+    if waits:
+        with _aside_lock:
+            _aside_ns += end - start
+    return waits
+
+
+def stepped_aside_ns() -> int:
+    """How long, in all, this process's background stages kept off the GIL for another
+    thread (the hand-backs that found it wanted, and the waits after them)."""
+    return _aside_ns

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.backends.base import Exporter, as_exporter
 from tracer.errors import InternalErrors, log_every
 from tracer.export_worker import ExportWorker
-from tracer.gil import courtesy
+from tracer.gil import courtesy, step_aside, stepped_aside_ns
 from tracer.keep import KeepRules
 from tracer.record import TrajectoryRecord
 from tracer.record_builder import build_record
@@ -165,7 +165,7 @@ class Pipeline:
                 "trajectories are written to the spool on the rollout's thread (slower); "
                 "raise max_buffer_trajectories/max_buffer_bytes or sample less [%d so far]",
                 self.config.max_buffer_trajectories, self.config.max_buffer_bytes, n)  # fmt: skip
-        self._process_guarded([(seq, traj)], token)
+        self._process_guarded([(seq, traj)], token, background=False)  # never steps aside
 
     def _room_for_candidate(self, keep: KeepRules, traj: Trajectory) -> bool:
         """Tail candidates (in the buffer and held by the keep rules) use at most half of the
@@ -229,10 +229,12 @@ class Pipeline:
                 self.in_process[token] = (batch[0][0], len(batch))
             self._process_guarded(batch, token)
 
-    def _process_guarded(self, batch: list[tuple[int, Trajectory]], token: int) -> None:
+    def _process_guarded(
+        self, batch: list[tuple[int, Trajectory]], token: int, background: bool = True
+    ) -> None:
         try:
             with courtesy(self.config.background_switch_interval_s):
-                self._process(batch)
+                self._process(batch, self.config.background_yield_s if background else None)
         except Exception as exc:  # _process settles every trajectory; this is the backstop
             with self.lock:
                 self._drop_before_workers(len(batch), "internal_error")
@@ -241,9 +243,25 @@ class Pipeline:
             with self.lock:
                 del self.in_process[token]
 
-    def _process(self, batch: list[tuple[int, Trajectory]]) -> None:
+    def _urgent(self) -> bool:
+        """Whether the buffer is half full: processing then never steps aside for the rollout
+        (a full buffer makes the rollout's own thread write the spool)."""
+        return (len(self.buffer) * 2 >= self._max_trajectories
+                or self.buffered_bytes * 2 >= self._max_bytes)  # fmt: skip
+
+    def _lines(self, records: list[TrajectoryRecord], yield_s: float | None) -> list[str]:
+        """The spool's JSON line of each record."""
+        lines = []
+        for r in records:
+            step_aside(yield_s, self._urgent())
+            lines.append(json.dumps(r.to_dict(), ensure_ascii=False, default=str))
+        return lines
+
+    def _process(self, batch: list[tuple[int, Trajectory]], yield_s: float | None) -> None:
         """Build, redact and serialize records, then hand them to every worker. Every
-        trajectory taken here ends up in a worker or in a drop counter, whatever happens."""
+        trajectory taken here ends up in a worker or in a drop counter, whatever happens.
+        ``yield_s``: how this stage steps aside for the rollout (None on the rollout's own
+        thread, when the buffer overflowed)."""
         records: list[TrajectoryRecord] = []
         seqs: list[int] = []
         from_keep = 0  # records released by the keep rules (some from earlier batches)
@@ -253,6 +271,7 @@ class Pipeline:
         try:
             tokenizer = self.tokenizer()
             for seq, traj in batch:
+                step_aside(yield_s, self._urgent())
                 with self.lock:
                     self.hot_ns += traj.hot_ns
                     self.hot_trajectories += 1
@@ -290,7 +309,7 @@ class Pipeline:
                 return
             lines = None
             if any(w.spool is not None for w in self.workers):
-                lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
+                lines = self._lines(records, yield_s)
                 nbytes = sum(len(line) for line in lines)
             elif self.keep is not None:
                 nbytes = 512 * len(records)  # released records: their size is not tracked
@@ -328,9 +347,11 @@ class Pipeline:
         with self.lock:
             requests, self._end_steps = self._end_steps, []
         for step, validate in requests:
-            self._hand_released(self.keep.end_step(step, validate))
+            self._hand_released(self.keep.end_step(step, validate), self.config.background_yield_s)
 
-    def _hand_released(self, released: tuple[list[tuple[int, TrajectoryRecord]], int]) -> None:
+    def _hand_released(
+        self, released: tuple[list[tuple[int, TrajectoryRecord]], int], yield_s: float | None
+    ) -> None:
         """Hand trajectories the keep rules decided on outside ``_process`` to every worker."""
         kept, not_kept = released
         if not_kept:
@@ -344,7 +365,7 @@ class Pipeline:
             lines = None
             nbytes = 512 * len(records)
             if any(w.spool is not None for w in self.workers):
-                lines = [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
+                lines = self._lines(records, yield_s)
                 nbytes = sum(len(line) for line in lines)
             for w in self.workers:
                 w.put(min(seq for seq, _ in kept), records, lines, nbytes)
@@ -384,7 +405,7 @@ class Pipeline:
                 time.sleep(0.005)
                 self.wake.set()
         if self.keep is not None:  # flush decides: every step held so far is finished
-            self._hand_released(self.keep.finish_all())
+            self._hand_released(self.keep.finish_all(), None)  # the caller's thread
         if started and ok:
             ok = all([w.wait(target, deadline) for w in self.workers])
         lost = self._lost_total()
@@ -474,6 +495,8 @@ class Pipeline:
                 "tracer/hot_path_ms": self.hot_ns / 1e6,
                 "tracer/hot_path_us_per_trajectory": (
                     self.hot_ns / 1e3 / self.hot_trajectories if self.hot_trajectories else 0.0),
+                # background stages off the GIL while the rollout's thread wanted it (per process)
+                "tracer/stepped_aside_ms": stepped_aside_ns() / 1e6,
             }
             for reason, count in self.dropped.items():
                 m[f"tracer/dropped/{reason}"] = count
