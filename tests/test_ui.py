@@ -398,6 +398,7 @@ def test_ui_command_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+        "PYTHONFAULTHANDLER": "1",  # a SIGABRT prints every thread's stack (see _stuck)
     }
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)  # fmt: skip
@@ -426,7 +427,10 @@ def test_ui_command_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
 
         t1 = time.monotonic()
         os.kill(proc.pid, signal.SIGINT)  # Ctrl-C
-        rest, _ = proc.communicate(timeout=60)
+        try:
+            rest, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(_stuck(proc, port))
         assert proc.returncode == 0, rest
         assert "mlflow server stopped" in rest
         stopped = time.monotonic() - t1
@@ -441,6 +445,21 @@ def test_ui_command_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def _stuck(proc: subprocess.Popen[str], port: int) -> str:
+    """What the command was doing when it did not stop: its threads' stacks (faulthandler on
+    SIGABRT), after the server it started is killed (it holds the same output pipe)."""
+    os.kill(proc.pid, signal.SIGABRT)
+    for pid in _pids_listening_cmdline(f"--port {port}"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        out = "(no output after SIGABRT)"
+    return (f"the ui command did not stop within 60 s of Ctrl-C (exit {proc.returncode}); "
+            f"its output:\n{out[-6000:]}")  # fmt: skip
 
 
 def _pids_listening_cmdline(needle: str) -> list[int]:
