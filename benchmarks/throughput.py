@@ -33,6 +33,8 @@ MODES = {
     "off": None,
     "on_100pct": {"max_samples_per_step_per_worker": None},
     "sampled_n4": {"max_samples_per_step_per_worker": 4},
+    # tracing off again, mid-cycle: how far two identical runs differ here (the noise floor)
+    "off_again": None,
     # the same 100 % sampling with MLflow's export work in a child process (off the GIL)
     "on_100pct_subprocess": {"max_samples_per_step_per_worker": None,
                              "export_in_subprocess": True},
@@ -40,6 +42,10 @@ MODES = {
     # rollout's thread waits up to the interpreter's 5 ms for the GIL after each await
     "on_100pct_no_courtesy": {"max_samples_per_step_per_worker": None,
                               "background_switch_interval_s": None},
+    # the same 100 % sampling with background stages that never step aside for the rollout
+    # (tracer/gil.py: step_aside)
+    "on_100pct_no_yield": {"max_samples_per_step_per_worker": None,
+                           "background_yield_s": None},
 }
 
 
@@ -107,10 +113,11 @@ async def _steps(worker: Any, batches: list[Any], first_step: int) -> tuple[int,
 def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
     import tracer
     from rollout.worker import RolloutWorker, iterate_batches, load_dataset
+    from tracer import gil
 
     config = _config(kind, quick)
     n_steps = 1 if quick or kind == "hf" else 3
-    reps = 1 if quick else (3 if kind == "hf" else 5)
+    reps = 1 if quick else 5
     rows = load_dataset(config["data"]["train_files"])
     it = iterate_batches(rows, int(config["data"]["train_batch_size"]), shuffle=False)
     batches = [next(it) for _ in range(n_steps)]
@@ -123,6 +130,7 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
     work: dict[str, tuple[int, int]] = {}
     metrics: dict[str, Any] = {}
     child_rss: dict[str, float | None] = {}
+    aside: dict[str, list[float]] = {m: [] for m in MODES}  # ms stepped aside per run
 
     async def main() -> None:
         tracer.reset()
@@ -141,9 +149,11 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
                             **overrides,
                         }
                     )
+                a = gil.stepped_aside_ns()
                 t = time.perf_counter()
                 work[mode] = await _steps(worker, batches, 100 * rep)
                 times[mode].append(time.perf_counter() - t)
+                aside[mode].append((gil.stepped_aside_ns() - a) / 1e6)
                 t = time.perf_counter()
                 tracer.flush(timeout_s=300)
                 flush[mode].append(time.perf_counter() - t)
@@ -176,6 +186,7 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
             "flush_s": round(statistics.median(flush[mode]), 3),
             "exported_last_rep": exported,
             "export_child_rss_mib": child_rss.get(mode),
+            "stepped_aside_ms": round(statistics.median(aside[mode]), 1),
         }
     return out
 
