@@ -480,3 +480,30 @@ def test_forked_child_traces_with_its_own_worker(tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     outputs = sorted(rec["spans"][1]["outputs"] for rec in lines)
     assert outputs == ["child", "parent-before-fork"]  # each exactly once
+
+
+def test_a_thread_that_cannot_start_never_breaks_the_rollout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first trajectory starts the background threads; where the process has hit its
+    thread limit, Thread.start raises. The rollout goes on, the error is counted, and once
+    threads can start again both trajectories are delivered (the first one waited in the
+    buffer). The export worker starts; the processing thread is the one that fails."""
+    tracer.init({"backend": "memory", "raise_internal_errors": False})
+    real_start = threading.Thread.start
+
+    def no_processor(self: threading.Thread) -> None:
+        if self.name == "rollout-tracer":
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_processor)
+    with tracer.trace_attr(step=0, sample_index=0, rollout_n=0):
+        pass  # ends here, in submit: must not raise
+    assert tracer.metrics()["tracer/internal_errors"] == 1
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    with tracer.trace_attr(step=0, sample_index=1, rollout_n=0):
+        pass
+    assert tracer.flush(timeout_s=30)
+    assert sorted(r.sample_index for r in InMemoryExporter.latest().records) == [0, 1]
+    tracer.reset()

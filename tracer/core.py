@@ -72,6 +72,7 @@ class Tracer:
         if not factories:
             return self
         self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
+        self.submit = self.pipeline.submit  # type: ignore[method-assign]  # never raises
         self.active = True
         return self
 
@@ -83,13 +84,8 @@ class Tracer:
         return traced or self.keep_on, sample_index
 
     def submit(self, traj: Any) -> None:
-        pipeline = self.pipeline
-        if pipeline is None:
-            return
-        try:
-            pipeline.submit(traj)
-        except Exception as exc:  # never let the tracer break the rollout
-            pipeline.errors.report("submitting a trajectory", exc)  # raises only in tests
+        """A trajectory that ends with no pipeline (never started, or shut down) goes nowhere;
+        while one runs, ``start`` binds this name to its ``submit`` (which never raises)."""
 
     def annotate(
         self,
@@ -153,6 +149,7 @@ class Tracer:
             return True
         ok = bool(self.pipeline.shutdown(
             self.config.shutdown_timeout_s if timeout_s is None else timeout_s))
+        self.__dict__.pop("submit", None)  # back to the method: submits go nowhere
         self.pipeline = None
         return ok
 

@@ -103,7 +103,7 @@ class trace_attr:
         traj = self._traj
         if traj is not None:
             self._traj = None
-            traj.end_ns = time.time_ns()
+            traj.end_ns = time_ns()
             if exc is not None:
                 traj.error = exc
             traj.tracer.submit(traj)

@@ -131,41 +131,48 @@ class Pipeline:
 
     # hot path -------------------------------------------------------------------------
     def submit(self, traj: Trajectory) -> None:
-        with self.lock:
-            self.submitted += 1
-            seq = self.submitted
-            if self.closed:
-                self._drop_before_workers(1, "after_shutdown")
-                return
-            keep = self.keep
-            if keep is not None and not self._room_for_candidate(keep, traj):
-                self._drop_before_workers(1, "not_kept")
-                return
-            buffer = self.buffer
-            n = len(buffer)
-            if n < self._max_trajectories and self.buffered_bytes + traj.nbytes <= self._max_bytes:
-                buffer.append((seq, traj))
-                self.buffered_bytes += traj.nbytes
-                if self.processor is None:
-                    self._start()
-                if n + 1 == self._batch_size:  # once per batch, not on every submit after it
-                    self.wake.set()
-                return
-            if not any(w.spool is not None for w in self.workers):
-                self._drop_before_workers(1, "buffer_full")
-                return
-            token = next(self._tokens)
-            self.in_process[token] = (seq, 1)
-            self.overflowed += 1
-            n = self.overflowed
-        self.wake.set()
-        if log_every(n):
-            log.warning(
-                "rollout-tracer: trace buffer full (%d trajectories, %d bytes): finished "
-                "trajectories are written to the spool on the rollout's thread (slower); "
-                "raise max_buffer_trajectories/max_buffer_bytes or sample less [%d so far]",
-                self.config.max_buffer_trajectories, self.config.max_buffer_bytes, n)  # fmt: skip
-        self._process_guarded([(seq, traj)], token, background=False)  # never steps aside
+        """Hand a finished trajectory to the buffer (the rollout's thread; never raises:
+        ``Tracer.start`` binds it as ``Tracer.submit``, one Python call per trajectory)."""
+        try:
+            with self.lock:
+                self.submitted += 1
+                seq = self.submitted
+                if self.closed:
+                    self._drop_before_workers(1, "after_shutdown")
+                    return
+                keep = self.keep
+                if keep is not None and not self._room_for_candidate(keep, traj):
+                    self._drop_before_workers(1, "not_kept")
+                    return
+                buffer = self.buffer
+                n = len(buffer)
+                nbytes = traj.nbytes
+                if n < self._max_trajectories and self.buffered_bytes + nbytes <= self._max_bytes:
+                    buffer.append((seq, traj))
+                    self.buffered_bytes += nbytes
+                    if self.processor is None:
+                        self._start()
+                    if n + 1 == self._batch_size:  # once per batch, not on every later submit
+                        self.wake.set()
+                    return
+                if not any(w.spool is not None for w in self.workers):
+                    self._drop_before_workers(1, "buffer_full")
+                    return
+                token = next(self._tokens)
+                self.in_process[token] = (seq, 1)
+                self.overflowed += 1
+                n = self.overflowed
+            self.wake.set()
+            if log_every(n):
+                log.warning(
+                    "rollout-tracer: trace buffer full (%d trajectories, %d bytes): finished "
+                    "trajectories are written to the spool on the rollout's thread (slower); "
+                    "raise max_buffer_trajectories/max_buffer_bytes or sample less [%d so far]",
+                    self.config.max_buffer_trajectories, self.config.max_buffer_bytes,
+                    n)  # fmt: skip
+            self._process_guarded([(seq, traj)], token, background=False)  # never steps aside
+        except Exception as exc:  # never let the tracer break the rollout
+            self.errors.report("submitting a trajectory", exc)  # raises only in tests
 
     def _room_for_candidate(self, keep: KeepRules, traj: Trajectory) -> bool:
         """Tail candidates (in the buffer and held by the keep rules) use at most half of the
@@ -194,10 +201,10 @@ class Pipeline:
             self.workers = [self._worker(f()) for f in self.factories]
         for w in self.workers:
             w.start()
-        self.processor = threading.Thread(
-            target=self._process_loop, name="rollout-tracer", daemon=True
-        )
-        self.processor.start()
+        processor = threading.Thread(target=self._process_loop, name="rollout-tracer",
+                                     daemon=True)  # fmt: skip
+        processor.start()  # may raise (no thread left): the next submit tries again
+        self.processor = processor
 
     def _process_loop(self) -> None:
         while True:
