@@ -118,10 +118,14 @@ class ExportWorker:
 
     # producer side (processing thread, or the rollout's thread on overflow) ----------------
     def start(self) -> None:
-        self.thread = threading.Thread(
-            target=self._run, name=f"rollout-tracer-{self.name}", daemon=True
-        )
-        self.thread.start()
+        """Start the export thread, once (the pipeline calls this again when its own thread
+        failed to start); a start that raises leaves none, so the next call tries again."""
+        if self.thread is not None and self.thread.is_alive():
+            return
+        thread = threading.Thread(target=self._run, name=f"rollout-tracer-{self.name}",
+                                  daemon=True)  # fmt: skip
+        thread.start()
+        self.thread = thread
 
     def put(
         self, seq: int, records: list[TrajectoryRecord], lines: list[str] | None, nbytes: int
