@@ -174,6 +174,9 @@ def test_step_aside_waits_only_while_another_thread_wants_the_gil() -> None:
         assert max(waits) <= gil.MAX_WAITS  # and always goes on
         assert _probe(0.002, urgent=True) == [0] * 8  # a filling buffer: never waits
         assert _probe(None) == [0] * 8  # turned off
+        with gil.hurry():  # a flush waits for the stages: they never step aside meanwhile
+            assert _probe(0.002) == [0] * 8
+        assert max(_probe(0.002)) >= 1  # and do again after it
     assert gil.stepped_aside_ns() > before
 
 

@@ -82,12 +82,12 @@ def active() -> int:
 
 def _after_fork_in_child() -> None:
     # the stages that lowered it do not exist in the child: give the child the old value back
-    global _active, _saved, _ours, _lock, _aside_lock, _aside_ns
+    global _active, _saved, _ours, _lock, _aside_lock, _aside_ns, _hurry
     _lock = threading.Lock()
     if _active and _saved is not None and sys.getswitchinterval() == _ours:
         sys.setswitchinterval(_saved)
     _active, _saved, _ours = 0, None, None
-    _aside_lock, _aside_ns = threading.Lock(), 0  # the parent's time is not the child's
+    _aside_lock, _aside_ns, _hurry = threading.Lock(), 0, 0  # the parent's are not the child's
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -105,10 +105,27 @@ _aside_lock = threading.Lock()
 _aside_ns = 0  # total time stages kept off the GIL for another thread (tracer/stepped_aside_ms)
 
 
+_hurry = 0  # flushes under way: somebody waits for the stages, which then never step aside
+
+
+@contextmanager
+def hurry() -> Iterator[None]:
+    """While a ``flush`` waits for the background, the stages do not step aside (the thread
+    that would get the GIL is then mostly another stage of the tracer, not the rollout)."""
+    global _hurry
+    with _aside_lock:
+        _hurry += 1
+    try:
+        yield
+    finally:
+        with _aside_lock:
+            _hurry -= 1
+
+
 def step_aside(yield_s: float | None, urgent: bool = False) -> int:
     """Between two items of a background stage: give the GIL to a thread that wants it, and
     keep off it for ``yield_s`` at a time while one does. Returns how many waits it made."""
-    if yield_s is None:
+    if yield_s is None or _hurry:
         return 0
     now = time.perf_counter_ns()
     last = getattr(_slices, "t", None)

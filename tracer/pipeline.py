@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.backends.base import Exporter, as_exporter
 from tracer.errors import InternalErrors, log_every
 from tracer.export_worker import ExportWorker
-from tracer.gil import courtesy, step_aside, stepped_aside_ns
+from tracer.gil import courtesy, hurry, step_aside, stepped_aside_ns
 from tracer.keep import KeepRules
 from tracer.record import TrajectoryRecord
 from tracer.record_builder import build_record
@@ -398,6 +398,10 @@ class Pipeline:
         """Wait until everything submitted so far is stored, probing a backend that is down
         until it answers or ``timeout_s`` passes. True only when nothing traced so far is
         still waiting and nothing was lost since the previous flush."""
+        with hurry():  # the caller waits: the stages do not step aside meanwhile
+            return self._flush(timeout_s)
+
+    def _flush(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self.lock:
             target = self.submitted
