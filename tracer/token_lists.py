@@ -28,6 +28,7 @@ def _is_token_key(key: Any) -> bool:
 
 
 _NUMBER_TYPES = frozenset({int, float})  # not bool: a list of flags is not per-token numbers
+_LEAVES = frozenset({str, int, float, bool, type(None)})  # nothing inside to summarize
 
 
 def _is_number_list(value: Any) -> bool:
@@ -58,13 +59,17 @@ def compact_lists(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]]]:
         if isinstance(node, dict):
             out = {}
             for key, child in node.items():
-                if _is_token_key(key) and _is_number_list(child):
+                if type(child) in _LEAVES:  # most values: no path to build, nothing to walk
+                    out[key] = child
+                elif _is_token_key(key) and _is_number_list(child):
                     taken.append(([*path, key], child))
                     out[key] = summary(child)
                 else:
                     out[key] = walk(child, [*path, key])
             return out
         if isinstance(node, list):
+            if set(map(type, node)) <= _LEAVES:  # no dict inside: nothing to take (C speed)
+                return list(node)
             return [walk(child, [*path, i]) for i, child in enumerate(node)]
         return node
 
