@@ -156,8 +156,8 @@ class _Hog:
         self.thread.join(10)
 
 
-def _probe(yield_s: float | None, urgent: bool = False, n: int = 8) -> list[int]:
-    """step_aside after a slice of the stage's own work, n times: the waits of each."""
+def _probe(yield_s: float | None, urgent: bool = False, n: int = 8) -> list[bool]:
+    """step_aside after a slice of the stage's own work, n times: whether each waited."""
     waits = []
     for _ in range(n):
         gil._slices.t = time.perf_counter_ns() - 2 * gil.SLICE_NS  # a slice of work is done
@@ -166,24 +166,23 @@ def _probe(yield_s: float | None, urgent: bool = False, n: int = 8) -> list[int]
 
 
 def test_step_aside_waits_only_while_another_thread_wants_the_gil() -> None:
-    assert min(_probe(0.002)) == 0  # alone: the hand-back is immediate (noise may cost one)
+    assert not all(_probe(0.002))  # alone: the hand-back is immediate (noise may cost one)
     before = gil.stepped_aside_ns()
     with _Hog():
         waits = _probe(0.002)
-        assert max(waits) >= 1, waits  # the hog held the GIL: the stage kept off it
-        assert max(waits) <= gil.MAX_WAITS  # and always goes on
-        assert _probe(0.002, urgent=True) == [0] * 8  # a filling buffer: never waits
-        assert _probe(None) == [0] * 8  # turned off
+        assert any(waits), waits  # the hog held the GIL: the stage kept off it
+        assert not any(_probe(0.002, urgent=True))  # a filling buffer: never waits
+        assert not any(_probe(None))  # turned off
         with gil.hurry():  # a flush waits for the stages: they never step aside meanwhile
-            assert _probe(0.002) == [0] * 8
-        assert max(_probe(0.002)) >= 1  # and do again after it
+            assert not any(_probe(0.002))
+        assert any(_probe(0.002))  # and do again after it
     assert gil.stepped_aside_ns() > before
 
 
 def test_step_aside_probes_once_per_slice_of_work() -> None:
     with _Hog():
         gil._slices.t = time.perf_counter_ns() + 10**9  # a probe "just happened", for 1 s
-        assert [gil.step_aside(0.002) for _ in range(50)] == [0] * 50  # no slice done yet
+        assert not any(gil.step_aside(0.002) for _ in range(50))  # no slice done yet
         gil._slices.t -= 10**9 + gil.SLICE_NS  # the slice is over: the next call probes
         before = time.perf_counter_ns()
         gil.step_aside(0.002)
@@ -192,7 +191,7 @@ def test_step_aside_probes_once_per_slice_of_work() -> None:
 
 def test_a_cpu_bound_rollout_never_starves_the_tracer(tmp_path: Path) -> None:
     """With a thread holding the GIL all along, every trajectory is still exported (the
-    stages step aside at most MAX_WAITS times per slice), and the metric shows it did."""
+    stages step aside at most once per slice of their work), and the metric shows it did."""
     path = tmp_path / "out.jsonl"
     tracer.init(backend="jsonl", jsonl_path=str(path), spool_dir=str(tmp_path / "spool"),
                 flush_interval_s=0.05)  # fmt: skip
@@ -251,7 +250,7 @@ def test_the_rollouts_own_thread_never_steps_aside(
     calls: list[tuple[bool, float | None]] = []
     real = pipeline_module.step_aside
 
-    def spy(yield_s: float | None, urgent: bool = False) -> int:
+    def spy(yield_s: float | None, urgent: bool = False) -> bool:
         calls.append((threading.current_thread() is threading.main_thread(), yield_s))
         return real(yield_s, urgent)
 

@@ -18,8 +18,8 @@ rollout whose Python work comes in bursts (every trajectory of a step tokenizes 
 once) runs those bursts at half speed for as long as the tracer's threads have work.
 :func:`step_aside`, called by a background stage between its items, hands the GIL over; if
 the hand-back took long, another thread was waiting for it and ran meanwhile, and the stage
-sleeps ``background_yield_s`` (without the GIL) before it goes on, up to four times per
-millisecond of its own work so it always progresses. The tracer's work then runs mostly in the
+sleeps ``background_yield_s`` (without the GIL) before it goes on, at most once per quarter
+millisecond of its own work, so it always progresses. The tracer's work then runs mostly in the
 rollout's idle time (its awaits on the engine). A stage whose input is filling up passes
 ``urgent`` and does not wait: an overflowing buffer would cost the rollout more.
 """
@@ -93,13 +93,14 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# step_aside: probe at most once per this much of a stage's own work (a probe costs ~80 µs of
-# wall time, the kernel's timer slack, but no CPU and no GIL)
-SLICE_NS = 1_000_000
+# step_aside: probe at most once per this much of a stage's own work. Measured on the fast
+# engine (benchmarks/throughput.py, 2 cores): 0.975 of untraced with 1 ms slices, 0.99-0.996
+# with 0.25 ms. A probe costs ~80 µs of the stage's wall time (the kernel's timer slack on
+# sleep(0)) but no CPU and no GIL; a flush, which waits for the stages, turns probes off.
+SLICE_NS = 250_000
 # a hand-back slower than this means another thread held the GIL meanwhile: it waited for it
 # (it holds it at least the switch interval, 0.5 ms under courtesy; the probe alone ~0.08 ms)
 CONTENDED_NS = 300_000
-MAX_WAITS = 4  # per slice: the stage's share never falls below ~1/9 of a core
 _slices = threading.local()
 _aside_lock = threading.Lock()
 _aside_ns = 0  # total time stages kept off the GIL for another thread (tracer/stepped_aside_ms)
@@ -122,32 +123,29 @@ def hurry() -> Iterator[None]:
             _hurry -= 1
 
 
-def step_aside(yield_s: float | None, urgent: bool = False) -> int:
-    """Between two items of a background stage: give the GIL to a thread that wants it, and
-    keep off it for ``yield_s`` at a time while one does. Returns how many waits it made."""
-    if yield_s is None or _hurry:
-        return 0
+def step_aside(yield_s: float | None, urgent: bool = False) -> bool:
+    """Between two items of a background stage: once per slice of its work, give the GIL to
+    a thread that wants it, and when one did, keep off the GIL for ``yield_s`` (the stage
+    keeps at least slice / (slice + yield_s) of a core, ~1/9 by default). Returns whether it
+    waited."""
+    global _aside_ns
+    if yield_s is None or urgent or _hurry:
+        return False
     now = time.perf_counter_ns()
     last = getattr(_slices, "t", None)
     if last is None or now - last < SLICE_NS:
         if last is None:
             _slices.t = now
-        return 0
-    global _aside_ns
-    waits = 0
-    start = time.perf_counter_ns()
-    while True:
-        t0 = time.perf_counter_ns()
-        time.sleep(0)  # releases the GIL; a waiting thread takes it and holds it a while
-        if urgent or waits >= MAX_WAITS or time.perf_counter_ns() - t0 < CONTENDED_NS:
-            break
+        return False
+    time.sleep(0)  # releases the GIL; a thread waiting for it takes it and holds it a while
+    waited = time.perf_counter_ns() - now >= CONTENDED_NS
+    if waited:
         time.sleep(yield_s)
-        waits += 1
     _slices.t = end = time.perf_counter_ns()
-    if waits:
+    if waited:
         with _aside_lock:
-            _aside_ns += end - start
-    return waits
+            _aside_ns += end - now
+    return waited
 
 
 def stepped_aside_ns() -> int:
