@@ -98,8 +98,8 @@ class TraceConfig:
     # await (tracer/gil.py); the user's own value is back when the tracer is idle. None: off
     background_switch_interval_s: float | None = 0.0005
     # between items (a trajectory, a record, a batch) a background stage gives the GIL away;
-    # when the rollout's thread was waiting for it, the stage keeps off the GIL this long (up
-    # to 4 times per millisecond of its own work), unless the buffer is half full
+    # when the rollout's thread was waiting for it, the stage keeps off the GIL this long (at
+    # most once per 0.25 ms of its own work), unless the buffer is half full or a flush waits
     # (tracer/gil.py: step_aside). None: off
     background_yield_s: float | None = 0.002
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)

@@ -13,7 +13,7 @@ import hashlib
 import os
 import random
 
-_rng = random.Random(os.urandom(32))  # re-seeded in place, never rebound (trajectory.py holds it)
+_rng = random.Random(os.urandom(32))
 
 
 def _reseed() -> None:

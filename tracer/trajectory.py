@@ -7,11 +7,10 @@ serialization happen off the hot path.
 
 from __future__ import annotations
 
-import time
 from time import time_ns
 from typing import Any
 
-from tracer.ids import _rng, derived_span_id, derived_trace_id, new_span_id, new_trace_id
+from tracer.ids import derived_span_id, derived_trace_id, new_span_id, new_trace_id
 
 
 def has_identity(step: Any, sample_index: Any, rollout_n: Any) -> bool:
@@ -55,7 +54,7 @@ class Span:
         self.attributes: dict[str, Any] | None = None
         self.tokenizer: Any = None
         self.end_ns = 0
-        self.start_ns = start_ns or time.time_ns()
+        self.start_ns = start_ns or time_ns()
 
     def set_attr(self, key: str, value: Any) -> None:
         if self.attributes is None:
@@ -111,7 +110,7 @@ class Trajectory:
         self.validate = validate
         self.policy_version = policy_version
         self.attributes = attributes
-        self.root_id = _rng.getrandbits(64) or 1  # ids.new_span_id, inlined (hot path)
+        self.root_id = new_span_id()
         self.spans: list[Span] = []
         self.nbytes = 512
         self.hot_ns = 0  # time spent in the tracer's own hot-path code (a metric)
