@@ -269,3 +269,24 @@ def test_the_rollouts_own_thread_never_steps_aside(
     on_main = [y for main, y in calls if main]
     assert on_main and set(on_main) == {None}  # asked, with stepping aside off
     assert any(y is not None for main, y in calls if not main)  # the processor's thread may
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_flush_steps_aside_again() -> None:
+    """A fork while a flush waits (hurry) must not leave the child hurrying for good, nor with
+    the parent's stepped-aside time."""
+    read, write = os.pipe()
+    with _Hog():
+        _probe(0.002)  # some time stepped aside in the parent
+        with gil.hurry():
+            pid = os.fork()
+            if pid == 0:  # the child: no flush waits here, and no hog thread either
+                hurrying = gil._hurry
+                aside = gil.stepped_aside_ns()
+                os.write(write, f"{hurrying} {aside}".encode())
+                os._exit(0)
+            os.waitpid(pid, 0)
+    hurrying, aside = os.read(read, 100).decode().split()
+    os.close(read)
+    os.close(write)
+    assert (hurrying, aside) == ("0", "0")
