@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
 from tracer.errors import InternalErrors, log_every
-from tracer.gil import courtesy, step_aside
 from tracer.record import TrajectoryRecord
 from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
 
@@ -59,7 +58,7 @@ DROP_REASONS = (
 
 
 class _Batch:
-    __slots__ = ("attempted", "key", "n", "nbytes", "own", "path", "records", "seq")
+    __slots__ = ("attempted", "born_ns", "key", "n", "nbytes", "own", "path", "records", "seq")
 
     def __init__(
         self,
@@ -68,7 +67,9 @@ class _Batch:
         path: Path | None,
         n: int,
         nbytes: int,
+        born_ns: int = 0,
     ) -> None:
+        self.born_ns = born_ns or time.time_ns()  # when its oldest trajectory finished
         self.seq = seq  # lowest sequence number of its trajectories; None for an orphan
         self.own = seq is not None
         self.records = records  # None when it lives only in its spool file
@@ -128,9 +129,15 @@ class ExportWorker:
         self.thread = thread
 
     def put(
-        self, seq: int, records: list[TrajectoryRecord], lines: list[str] | None, nbytes: int
+        self,
+        seq: int,
+        records: list[TrajectoryRecord],
+        lines: list[str] | None,
+        nbytes: int,
+        born_ns: int = 0,
     ) -> None:
-        """Take a batch: to the spool first (when it can), then in line for export."""
+        """Take a batch: to the spool first (when it can), then in line for export.
+        ``born_ns``: when its oldest trajectory finished (the durability lag's clock)."""
         path, reason = None, "spool_full"
         if self.spool is not None and lines:
             try:
@@ -146,7 +153,7 @@ class ExportWorker:
                         "[%d spool errors]", self.name, exc, n)  # fmt: skip
         n = len(records)
         with self.cond:
-            batch = _Batch(seq, records, path, n, nbytes)
+            batch = _Batch(seq, records, path, n, nbytes, born_ns)
             if not self._room(n, nbytes):
                 self._spill(n, nbytes)
             if self._room(n, nbytes):
@@ -298,10 +305,8 @@ class ExportWorker:
                 ) -> ExportResult:  # fmt: skip
         delay = 0.25
         for attempt in range(retries + 1):
-            step_aside(self.config.background_yield_s)
             try:
-                with courtesy(self.config.background_switch_interval_s):
-                    result = self.exporter.export(batch, replay=replay)
+                result = self.exporter.export(batch, replay=replay)
             except Exception as exc:
                 result = ExportResult.FAILURE
                 key = f"export {self.name}"
@@ -371,6 +376,13 @@ class ExportWorker:
         if self.spool is not None:
             self.spool.release()
         return on_disk, lost
+
+    def oldest_in_memory_ns(self) -> int | None:
+        """When the oldest of the own batches that only memory holds (no spool file, not
+        stored yet) finished; None when every waiting batch is on disk."""
+        with self.cond:
+            born = [b.born_ns for b in self.todo if b.own and b.path is None]
+            return min(born) if born else None
 
     def pending(self) -> int:
         """Own trajectories not yet stored (in memory or in the spool)."""

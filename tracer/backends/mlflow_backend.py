@@ -75,8 +75,7 @@ class MlflowExporter(Exporter):
         # sqlite/PostgreSQL stores: one transaction per batch (None: MLflow's own path).
         self.bulk = None if self.is_server else open_bulk_writer(
             self.tracing.store, self.tracking_uri, self.experiment_id,
-            trace_id_of=mlflow_trace_id, reward_name=REWARD_ASSESSMENT,
-            yield_s=config.background_yield_s)
+            trace_id_of=mlflow_trace_id, reward_name=REWARD_ASSESSMENT)
         self._attempted: set[str] = set()  # trace ids of a reward batch that did not finish
         self._pool: ThreadPoolExecutor | None = None  # reward requests to a tracking server
         self._warned_locked = False

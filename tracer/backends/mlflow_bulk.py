@@ -43,7 +43,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from tracer.backends.otel_spans import encode_all_json, span_attributes
-from tracer.gil import step_aside
 from tracer.record import TrajectoryRecord
 
 log = logging.getLogger("tracer")
@@ -61,7 +60,6 @@ def open_bulk_writer(
     *,
     trace_id_of: Callable[[str], str],
     reward_name: str,
-    yield_s: float | None = None,
 ) -> BulkWriter | None:
     """A ``BulkWriter`` for ``store`` when it is a SQL store this writer was tested with, else
     None after one log line saying why (the caller then uses MLflow's ``log_spans`` path)."""
@@ -99,7 +97,6 @@ def open_bulk_writer(
         str(experiment.artifact_location),
         trace_id_of=trace_id_of,
         reward_name=reward_name,
-        yield_s=yield_s,
     )
 
 
@@ -209,10 +206,8 @@ class BulkWriter:
         *,
         trace_id_of: Callable[[str], str],
         reward_name: str,
-        yield_s: float | None = None,
     ) -> None:
         self.store = store
-        self.yield_s = yield_s  # TraceConfig.background_yield_s (tracer/gil.py: step_aside)
         self.m = parts
         self.experiment_id = experiment_id
         self.artifact_location = artifact_location
@@ -253,7 +248,6 @@ class BulkWriter:
         traces = []
         for record in batch:
             if record.spans and record.trace_id not in seen:
-                step_aside(self.yield_s)  # row building is most of a batch's Python work
                 seen.add(record.trace_id)
                 traces.append(self._trace(record))
         if not traces:
