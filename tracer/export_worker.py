@@ -58,7 +58,8 @@ DROP_REASONS = (
 
 
 class _Batch:
-    __slots__ = ("attempted", "born_ns", "key", "n", "nbytes", "own", "path", "records", "seq")
+    __slots__ = ("attempted", "born_ns", "key", "lines", "n", "nbytes", "own", "path", "records",
+                 "seq")  # fmt: skip
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class _Batch:
         self.seq = seq  # lowest sequence number of its trajectories; None for an orphan
         self.own = seq is not None
         self.records = records  # None when it lives only in its spool file
+        self.lines: list[bytes] | None = None  # the records' JSON lines, while in memory
         self.path = path
         self.n = n
         self.nbytes = nbytes
@@ -132,7 +134,7 @@ class ExportWorker:
         self,
         seq: int,
         records: list[TrajectoryRecord],
-        lines: list[str] | None,
+        lines: list[bytes] | None,
         nbytes: int,
         born_ns: int = 0,
     ) -> None:
@@ -159,6 +161,7 @@ class ExportWorker:
             if self._room(n, nbytes):
                 self.held += n
                 self.held_bytes += nbytes
+                batch.lines = lines
             elif path is not None:
                 batch.records = None  # memory stays bounded: the spool file has it
             else:
@@ -180,7 +183,7 @@ class ExportWorker:
             if self._room(n, nbytes):
                 return
             if b.records is not None and b.path is not None and b is not self._head_inflight():
-                b.records = None
+                b.records = b.lines = None
                 self.held -= b.n
                 self.held_bytes -= b.nbytes
 
@@ -235,7 +238,7 @@ class ExportWorker:
                         return True  # time for an orphan scan
             batch = self.todo[0]
             self.inflight_since = time.monotonic()
-        records = batch.records
+        records, lines = batch.records, batch.lines
         if records is None:
             try:
                 records = read_batch(batch.path) if batch.path is not None else []
@@ -249,7 +252,7 @@ class ExportWorker:
         replay = batch.attempted or not batch.own
         batch.attempted = True
         retries = 0 if (self.down or replay) else self.config.export_max_retries
-        result = self._export(records, retries, replay)
+        result = self._export(records, lines, retries, replay)
         if result is not ExportResult.FAILURE and batch.path is not None and self.spool:
             self.spool.delete(batch.path)  # before flush() can see this batch as done
         with self.cond:
@@ -288,7 +291,7 @@ class ExportWorker:
         if batch.records is not None:
             self.held -= batch.n
             self.held_bytes -= batch.nbytes
-            batch.records = None
+            batch.records = batch.lines = None
 
     def _adopt_orphans(self) -> None:
         assert self.spool is not None
@@ -301,12 +304,15 @@ class ExportWorker:
                 bisect.insort(self.todo, _Batch(None, None, claimed, n, 0), key=lambda b: b.key)
                 self.cond.notify_all()
 
-    def _export(self, batch: Sequence[TrajectoryRecord], retries: int, replay: bool
-                ) -> ExportResult:  # fmt: skip
+    def _export(self, batch: Sequence[TrajectoryRecord], lines: list[bytes] | None,
+                retries: int, replay: bool) -> ExportResult:  # fmt: skip
         delay = 0.25
         for attempt in range(retries + 1):
             try:
-                result = self.exporter.export(batch, replay=replay)
+                if lines is not None:
+                    result = self.exporter.export_encoded(batch, lines, replay=replay)
+                else:
+                    result = self.exporter.export(batch, replay=replay)
             except Exception as exc:
                 result = ExportResult.FAILURE
                 key = f"export {self.name}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import logging
 import os
 import sys
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tracer.backends.base import Exporter, as_exporter
+from tracer.encode import encode_record
 from tracer.errors import InternalErrors, log_every
 from tracer.export_worker import ExportWorker
 from tracer.keep import KeepRules
@@ -49,6 +49,29 @@ log = logging.getLogger("tracer")
 
 # Drop reasons that are decisions, not losses (flush() still returns True)
 NOT_LOSSES = ("evicted_by_sampling", "not_kept")
+
+
+class _Processed:
+    """What one pass of ``_process`` has so far: records for the workers (with their lines,
+    None where one must be made again) and what it counted already."""
+
+    __slots__ = ("born", "from_keep", "handed", "lines", "records", "seqs", "settled")
+
+    def __init__(self) -> None:
+        self.records: list[TrajectoryRecord] = []
+        self.lines: list[bytes | None] = []
+        self.seqs: list[int] = []
+        self.born: list[int] = []  # end times of this pass's own trajectories
+        self.settled = 0  # trajectories of the batch already counted (evicted, build error)
+        self.from_keep = 0  # records the keep rules released (some from earlier batches)
+        self.handed = 0  # workers that have the records
+
+    def add(self, seq: int, record: TrajectoryRecord, line: bytes | None, born_ns: int) -> None:
+        self.seqs.append(seq)
+        self.records.append(record)
+        self.lines.append(line)
+        if born_ns:
+            self.born.append(born_ns)
 
 
 class Pipeline:
@@ -258,79 +281,92 @@ class Pipeline:
             with self.lock:
                 del self.in_process[token]
 
-    def _lines(self, records: list[TrajectoryRecord]) -> list[str]:
-        """The spool's JSON line of each record."""
-        return [json.dumps(r.to_dict(), ensure_ascii=False, default=str) for r in records]
-
     def _process(self, batch: list[tuple[int, Trajectory]]) -> None:
-        """Build, redact and serialize records, then hand them to every worker. Every
-        trajectory taken here ends up in a worker or in a drop counter, whatever happens."""
-        records: list[TrajectoryRecord] = []
-        seqs: list[int] = []
-        from_keep = 0  # records released by the keep rules (some from earlier batches)
-        nbytes = 0
-        settled = 0  # trajectories of this batch already counted (evicted, build error)
-        handed = 0  # workers that have the records
+        """Sample, build, redact, keep, serialize, hand off: each trajectory taken here ends
+        up in a worker or in a drop counter, whatever happens."""
+        out = _Processed()
         try:
             tokenizer = self.tokenizer()
-            born_ns = min(traj.end_ns for _, traj in batch)
             for seq, traj in batch:
-                with self.lock:
-                    self.hot_ns += traj.hot_ns
-                    self.hot_trajectories += 1
+                self._count_hot_path(traj)
                 head = self.sampler.confirm(traj.step, traj.sample_index, traj.validate)
                 if not head and self.keep is None:
-                    with self.lock:  # displaced by a sample with a lower hash, by design
-                        self._drop_before_workers(1, "evicted_by_sampling")
-                    settled += 1
+                    self._drop_counted(out, "evicted_by_sampling")  # a lower hash came, by design
                     continue
-                try:
-                    record = build_record(traj, self.config, tokenizer)
-                    if self.redactor is not None:
-                        record = self.redactor.record(record)
-                except Exception as exc:
-                    with self.lock:
-                        self._drop_before_workers(1, "build_error")
-                    settled += 1
-                    self.errors.report("building a trace record", exc, background=True)
+                built = self._build(traj, tokenizer)
+                if built is None:
+                    self._drop_counted(out, "build_error")
                     continue
+                record, line = built
                 if self.keep is not None:  # decided here or later (held, pending)
-                    released, not_kept = self.keep.observe(seq, record, traj.nbytes, head)
-                    settled += 1  # held, dropped or in records (counted in from_keep)
-                    from_keep += len(released)
-                    if not_kept:
-                        with self.lock:
-                            self._drop_before_workers(not_kept, "not_kept")
-                    for kept_seq, kept in released:
-                        seqs.append(kept_seq)
-                        records.append(kept)
+                    self._keep(seq, record, traj.nbytes, head, out)
                     continue
-                seqs.append(seq)
-                records.append(record)
-                nbytes += traj.nbytes
-            if not records:
-                return
-            lines = None
-            if any(w.spool is not None for w in self.workers):
-                lines = self._lines(records)
-                nbytes = sum(len(line) for line in lines)
-            elif self.keep is not None:
-                nbytes = 512 * len(records)  # released records: their size is not tracked
-            for w in self.workers:
-                w.put(min(seqs), records, lines, nbytes, born_ns)
-                handed += 1
+                out.add(seq, record, line, traj.end_ns)
+            self._hand_off(out)
         except Exception as exc:
             # Something unexpected after the trajectories left the buffer: whatever no worker
             # got is counted as lost (never silently), then the loop goes on.
-            if handed == 0:
-                with self.lock:
-                    self._drop_before_workers(len(batch) - settled + from_keep,
-                                              "internal_error")
-            else:
-                for w in self.workers[handed:]:
-                    with w.cond:
-                        w.dropped["internal_error"] += len(records)
+            self._count_unhanded(out, len(batch) - out.settled + out.from_keep)
             self.errors.report("processing trajectories", exc, background=True)
+
+    def _count_hot_path(self, traj: Trajectory) -> None:
+        with self.lock:
+            self.hot_ns += traj.hot_ns
+            self.hot_trajectories += 1
+
+    def _drop_counted(self, out: _Processed, reason: str) -> None:
+        with self.lock:
+            self._drop_before_workers(1, reason)
+        out.settled += 1
+
+    def _build(self, traj: Trajectory, tokenizer: Any) -> tuple[TrajectoryRecord, bytes] | None:
+        """The trajectory's record and its JSON line, redacted; None when it cannot be built
+        (an internal error, logged). The line is made once and serves the redaction check,
+        the spool and byte-oriented backends."""
+        try:
+            record = build_record(traj, self.config, tokenizer)
+            line = encode_record(record)
+            if self.redactor is not None and self.redactor.needs(line):
+                record = self.redactor.record(record)
+                line = encode_record(record)
+            return record, line
+        except Exception as exc:
+            self.errors.report("building a trace record", exc, background=True)
+            return None
+
+    def _keep(self, seq: int, record: TrajectoryRecord, nbytes: int, head: bool,
+              out: _Processed) -> None:  # fmt: skip
+        assert self.keep is not None
+        released, not_kept = self.keep.observe(seq, record, nbytes, head)
+        out.settled += 1  # held, dropped or in out (counted in from_keep)
+        out.from_keep += len(released)
+        if not_kept:
+            with self.lock:
+                self._drop_before_workers(not_kept, "not_kept")
+        for kept_seq, kept in released:
+            out.add(kept_seq, kept, None, 0)  # its line is made again: keep tagged it
+
+    def _hand_off(self, out: _Processed) -> None:
+        """Give the records and their lines to every worker (a line missing is made here)."""
+        if not out.records:
+            return
+        lines = [line if line is not None else encode_record(record)
+                 for record, line in zip(out.records, out.lines, strict=True)]  # fmt: skip
+        nbytes = sum(len(line) for line in lines)
+        born_ns = min(out.born) if out.born else time.time_ns()
+        for w in self.workers:
+            w.put(min(out.seqs), out.records, lines, nbytes, born_ns)
+            out.handed += 1
+
+    def _count_unhanded(self, out: _Processed, before_any: int) -> None:
+        """After an unexpected error: count what no worker got (``before_any`` when none)."""
+        if out.handed == 0:
+            with self.lock:
+                self._drop_before_workers(before_any, "internal_error")
+        else:
+            for w in self.workers[out.handed:]:
+                with w.cond:
+                    w.dropped["internal_error"] += len(out.records)
 
     # keep rules -----------------------------------------------------------------------
     def end_step(self, step: Any, validate: bool | None = None) -> None:
@@ -358,27 +394,13 @@ class Pipeline:
         if not_kept:
             with self.lock:
                 self._drop_before_workers(not_kept, "not_kept")
-        if not kept:
-            return
-        records = [record for _seq, record in kept]
-        handed = 0
+        out = _Processed()
+        for seq, record in kept:
+            out.add(seq, record, None, 0)
         try:
-            lines = None
-            nbytes = 512 * len(records)
-            if any(w.spool is not None for w in self.workers):
-                lines = self._lines(records)
-                nbytes = sum(len(line) for line in lines)
-            for w in self.workers:
-                w.put(min(seq for seq, _ in kept), records, lines, nbytes)
-                handed += 1
+            self._hand_off(out)
         except Exception as exc:
-            if handed == 0:
-                with self.lock:
-                    self._drop_before_workers(len(records), "internal_error")
-            else:
-                for w in self.workers[handed:]:
-                    with w.cond:
-                        w.dropped["internal_error"] += len(records)
+            self._count_unhanded(out, len(out.records))
             self.errors.report("handing kept trajectories", exc, background=True)
 
     # control --------------------------------------------------------------------------

@@ -158,10 +158,11 @@ class BackendSpool:
             if p.suffix == ".jsonl" and not p.name.startswith("."):
                 yield p
 
-    def write(self, lines: list[str]) -> Path | None:
-        """Write one batch as a new file. None when the spool is full (``max_bytes``); raises
-        ``SpoolError`` when the file system refuses (the caller keeps the batch in memory)."""
-        data = ("\n".join(lines) + "\n").encode()
+    def write(self, lines: list[bytes]) -> Path | None:
+        """Write one batch (each record's JSON line, ``tracer.encode``) as a new file. None
+        when the spool is full (``max_bytes``); raises ``SpoolError`` when the file system
+        refuses (the caller keeps the batch in memory)."""
+        data = b"\n".join(lines) + b"\n"
         with self._lock:
             if self.used + len(data) > self.max_bytes:
                 return None
