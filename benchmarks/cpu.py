@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from benchmarks.common import QUIET_ENV, ROOT, section_main

@@ -8,6 +8,7 @@ their limits); ``default=str`` is a backstop for a value a user's attribute slip
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -19,7 +20,11 @@ _OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 def encode(value: Any) -> bytes:
     """``value`` as compact UTF-8 JSON (non-finite floats become null, as JSON requires)."""
-    return orjson.dumps(value, default=str, option=_OPTIONS)
+    try:
+        return orjson.dumps(value, default=str, option=_OPTIONS)
+    except TypeError:  # what orjson refuses and the standard library writes: ints past 64 bits
+        return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"),
+                          ).encode()
 
 
 def encode_record(record: TrajectoryRecord) -> bytes:
