@@ -96,7 +96,8 @@ def mode_ours(n: int, tmp: str) -> None:
     _workload(n, generate, tool, reward,
               lambda i: tracer.trace_attr(step=0, sample_index=i, rollout_n=0))  # fmt: skip
     assert tracer.flush(600)
-    lines = sum(1 for _ in open(f"{tmp}/ours.jsonl", "rb"))
+    with open(f"{tmp}/ours.jsonl", "rb") as f:
+        lines = sum(1 for _ in f)
     assert lines == n, (lines, n)
 
 

@@ -23,8 +23,7 @@ def encode(value: Any) -> bytes:
     try:
         return orjson.dumps(value, default=str, option=_OPTIONS)
     except TypeError:  # what orjson refuses and the standard library writes: ints past 64 bits
-        return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"),
-                          ).encode()
+        return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def encode_record(record: TrajectoryRecord) -> bytes:
