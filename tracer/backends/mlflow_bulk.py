@@ -46,6 +46,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tracer.backends.otel_spans import encode_all_json, span_attributes
+from tracer.credentials import store_address
 from tracer.gil import step_aside
 from tracer.record import TrajectoryRecord
 
@@ -98,7 +99,7 @@ def open_bulk_writer(
             )
         else:
             reason = ""
-    where = _safe_uri(tracking_uri)
+    where = store_address(tracking_uri)
     if reason:
         log.warning(
             "rollout-tracer: MLflow store %s: not using the bulk writer: %s; writing through "
@@ -130,16 +131,6 @@ def mlflow_version() -> str:
     import mlflow
 
     return str(mlflow.__version__)
-
-
-def _safe_uri(uri: str) -> str:
-    """``uri`` without its password (a PostgreSQL URI may carry one)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return str(make_url(uri).render_as_string(hide_password=True))
-    except Exception:
-        return uri.split("@")[-1]
 
 
 # Every MLflow name this writer uses (tables, and the helpers _log_spans_once and
