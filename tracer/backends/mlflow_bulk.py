@@ -77,28 +77,29 @@ def open_bulk_writer(
     version = mlflow_version()
     tested_revision = TESTED_VERSIONS.get(version)
     revision = None
-    try:
-        parts = _mlflow_parts()
-        with store.ManagedSessionMaker() as session:
-            from sqlalchemy import text
-
-            revision = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
-            experiment = store.get_experiment(experiment_id)
-    except Exception as exc:  # an MLflow whose internals moved: its own path still works
-        reason = f"cannot use it ({type(exc).__name__}: {exc})"
+    if tested_revision is None:  # an untested MLflow: none of its internals is touched
+        reason = (
+            f"MLflow {version} is not a version it was tested with "
+            f"({', '.join(sorted(TESTED_VERSIONS))})"
+        )
     else:
-        if tested_revision is None:
+        try:
+            parts = _mlflow_parts()
+            with store.ManagedSessionMaker() as session:
+                from sqlalchemy import text
+
+                query = text("SELECT version_num FROM alembic_version")
+                revision = session.execute(query).scalar()
+                experiment = store.get_experiment(experiment_id)
+        except Exception as exc:  # internals that moved: MLflow's own path still works
+            reason = f"cannot use it ({type(exc).__name__}: {exc})"
+        else:
             reason = (
-                f"MLflow {version} is not a version it was tested with "
-                f"({', '.join(sorted(TESTED_VERSIONS))})"
-            )
-        elif revision != tested_revision:
-            reason = (
-                f"the store's schema revision {revision!r} is not {tested_revision!r}, "
+                ""
+                if revision == tested_revision
+                else f"the store's schema revision {revision!r} is not {tested_revision!r}, "
                 f"the one MLflow {version} creates and the bulk writer was tested on"
             )
-        else:
-            reason = ""
     where = store_address(tracking_uri)
     if reason:
         log.warning(
