@@ -29,6 +29,7 @@ from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.mlflow_bulk import open_bulk_writer
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
+from tracer.credentials import store_address
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_lists, encode_full_lists
 from tracer.tokens import LOGPROBS_ATTR
@@ -117,7 +118,7 @@ class MlflowExporter(Exporter):
                         "writers on one sqlite file are slow. For several processes or "
                         "nodes run a tracking server (mlflow server --backend-store-uri %s "
                         "--workers 1) and set tracking_uri=http://HOST:5000.",
-                        self.tracking_uri, self.tracking_uri)
+                        *[store_address(self.tracking_uri)] * 2)
                 raise
         if self.bulk is None:
             self._log_rewards(batch, replay)
