@@ -94,6 +94,8 @@ class ExportWorker:
     ) -> None:
         self.exporter = exporter
         self.name = exporter.name
+        # a byte-oriented backend writes the spool's lines; keep them in memory only for one
+        self.wants_lines = type(exporter).export_encoded is not Exporter.export_encoded
         self.config = config
         self.errors = errors
         self.spool = spool
@@ -161,7 +163,7 @@ class ExportWorker:
             if self._room(n, nbytes):
                 self.held += n
                 self.held_bytes += nbytes
-                batch.lines = lines
+                batch.lines = lines if self.wants_lines else None
             elif path is not None:
                 batch.records = None  # memory stays bounded: the spool file has it
             else:
