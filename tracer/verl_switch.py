@@ -159,7 +159,8 @@ def build_module() -> dict[str, Any]:
                 cfg = tracer.config
                 log.warning("%s (backend=%s, project=%s, experiment=%s, tracking_uri=%s, "
                             "spool=%s, pid=%d)", ACTIVE_MESSAGE, ",".join(cfg.backends),
-                            cfg.project_name, cfg.experiment_name, cfg.tracking_uri,
+                            cfg.project_name, cfg.experiment_name,
+                            cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"),
                             cfg.spool_dir if cfg.spool else "off", os.getpid())  # fmt: skip
 
         @classmethod
