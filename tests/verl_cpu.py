@@ -195,7 +195,7 @@ def write_verl_dump(out_dir: str, step: int, tokenizer: Any) -> None:
     trainer._shutdown_dump_executor()
 
 
-def verl_record_hashes() -> tuple[int, list[str]]:
+def verl_record_hashes() -> tuple[list[str], list[str]]:
     """Check every file of the installed verl against its wheel's RECORD (sha256): (files
     checked, files that differ)."""
     import base64
@@ -204,7 +204,8 @@ def verl_record_hashes() -> tuple[int, list[str]]:
     from importlib.metadata import distribution
 
     dist = distribution("verl")
-    checked, changed = 0, []
+    checked: list[str] = []
+    changed: list[str] = []
     with open(os.path.join(str(dist.locate_file("")), f"verl-{dist.version}.dist-info",
                            "RECORD"), newline="") as f:  # fmt: skip
         for path, digest, _size in csv.reader(f):
@@ -213,7 +214,7 @@ def verl_record_hashes() -> tuple[int, list[str]]:
             algo, _, expected = digest.partition("=")
             data = Path(str(dist.locate_file(path))).read_bytes()
             actual = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=")
-            checked += 1
+            checked.append(path)
             if actual.decode() != expected:
                 changed.append(path)
     return checked, changed
