@@ -97,7 +97,7 @@ def test_when_our_side_cannot_load_verl_keeps_its_own_tracer() -> None:
 
     # its init fails (a typo in an option): verl's own tracer takes over and traces the ops
     code = (
-        "import asyncio, mlflow\n"
+        "import asyncio, sys, mlflow\n"
         "from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr, "
         "rollout_trace_op\n"
         "class Loop:\n"
@@ -114,16 +114,24 @@ def test_when_our_side_cannot_load_verl_keeps_its_own_tracer() -> None:
         "t, = mlflow.search_traces(locations=[exp.experiment_id], return_type='list')\n"
         "print(sorted(s.name for s in t.data.spans), t.info.tags.get('tracer'), "
         "t.info.tags['step'])\n"
+        # an unknown backend: rollout-tracer refuses it, verl's tracer takes it and traces
+        # nothing, as verl does
+        "import os; os.environ.pop('ROLLOUT_TRACER_SPOL_DIR')\n"
+        "RolloutTraceConfig.reset(); RolloutTraceConfig.init('p', 'e', 'mlfow')\n"
+        "print(RolloutTraceConfig.get_backend(), RolloutTraceConfig.get_client(), "
+        "'verl.utils._rollout_trace_verl_own' in sys.modules)\n"
     )
     db = f"sqlite:///{Path(os.environ.get('TMPDIR', '/tmp')) / f'fallback-{os.getpid()}.db'}"
     bad = _python(code, ROLLOUT_TRACER_VERL="1", ROLLOUT_TRACER_SPOL_DIR="/x",
                   MLFLOW_TRACKING_URI=db)  # fmt: skip
     assert bad.returncode == 0, bad.stderr
-    first, second = bad.stdout.strip().splitlines()[-2:]
+    first, second, third = bad.stdout.strip().splitlines()[-3:]
     assert first == "2 mlflow"
     assert second == "['Loop.run', 'agent_loop'] None 3"  # verl's trace: no tracer tag
-    assert "ROLLOUT_TRACER_SPOOL_DIR" in bad.stderr  # the warning names the typo's fix
-    assert bad.stderr.count("verl traces with its own tracer") == 1
+    assert third == "mlfow None True"
+    assert "did you mean `ROLLOUT_TRACER_SPOOL_DIR`" in bad.stderr  # the warning says the fix
+    assert "unknown trace backend(s) ['mlfow']" in bad.stderr
+    assert bad.stderr.count("verl traces with its own tracer") == 2
 
 
 def test_verl_dump_written_by_verl_reads_back(tmp_path: Path) -> None:
@@ -174,8 +182,9 @@ def run_loops(tmp: Path, uri_on: str, uri_off: str) -> dict[str, Any]:
         config = verl_cpu.verl_config(trace, tools)
         env = {**ENV, "ROLLOUT_TRACER_VERL": switch, "MLFLOW_TRACKING_URI": uri,
                "ROLLOUT_TRACER_SPOOL_DIR": str(tmp / f"spool-{switch}")}  # fmt: skip
+        client = LLMServerClient(config, balancer)
         worker = ray.remote(AgentLoopWorker).options(
-            num_cpus=1, runtime_env={"env_vars": env}).remote(config, LLMServerClient(config, balancer))  # fmt: skip
+            num_cpus=1, runtime_env={"env_vars": env}).remote(config, client)  # fmt: skip
         batches = [verl_cpu.math_batch("tool_agent", 1, False),
                    verl_cpu.math_batch("single_turn_agent", 1, True)]  # fmt: skip
         before = len(ray.get(server.sampling_received.remote()))

@@ -57,8 +57,9 @@ class CpuLLMServer:
     async def generate(self, request_id: str, *, prompt_ids: list[int],
                        sampling_params: dict[str, Any], image_data: Any = None,
                        video_data: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-        from rollout.engines.base import SamplingParams
         from verl.workers.rollout.replica import TokenOutput
+
+        from rollout.engines.base import SamplingParams
 
         self.received.append(dict(sampling_params))
         max_tokens = int(sampling_params.get("max_tokens") or self.response_length)

@@ -105,8 +105,9 @@ class _SwitchLoader(importlib.abc.Loader):
         try:
             names = build_module()
         except Exception as exc:  # rollout-tracer cannot load: verl's module, as if off
-            log.warning("rollout-tracer: %s is set but rollout-tracer could not load (%s: %s); "
-                        "verl traces with its own tracer", ENV_VAR, type(exc).__name__, exc)  # fmt: skip
+            log.warning("rollout-tracer: %s is set but rollout-tracer could not load "
+                        "(%s: %s); verl traces with its own tracer", ENV_VAR,
+                        type(exc).__name__, exc)  # fmt: skip
             loader = self.verl_spec.loader
             assert loader is not None
             module.__file__ = self.verl_spec.origin
