@@ -195,16 +195,19 @@ def run_loops(tmp: Path, uri_on: str, uri_off: str) -> dict[str, Any]:
     return out
 
 
-def _traces(uri: str, project: str, expected: int, timeout_s: float = 90) -> list[Any]:
-    """Traces of ``project`` once ``expected`` are there (both tracers export in the
-    background, rollout-tracer within its flush interval, verl's mlflow asynchronously)."""
+def _traces(uri: str, project: str, expected: int, timeout_s: float = 120) -> list[Any]:
+    """Traces of ``project`` once ``expected`` complete ones (with their root span) are
+    there: both tracers export in the background, rollout-tracer within its flush interval,
+    verl's MLflow asynchronously and span by span (a trace can be seen before its root)."""
     client = mlflow.MlflowClient(tracking_uri=uri)
     deadline = time.monotonic() + timeout_s
     while True:
         exp = client.get_experiment_by_name(project)
-        traces = client.search_traces(locations=[exp.experiment_id]) if exp else []
-        if len(traces) >= expected or time.monotonic() > deadline:
-            return [client.get_trace(t.info.trace_id) for t in traces]
+        found = client.search_traces(locations=[exp.experiment_id]) if exp else []
+        traces = [client.get_trace(t.info.trace_id) for t in found]
+        complete = [t for t in traces if any(s.parent_id is None for s in t.data.spans)]
+        if len(complete) >= expected or time.monotonic() > deadline:
+            return traces
         time.sleep(1)
 
 
