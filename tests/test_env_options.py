@@ -21,7 +21,7 @@ def test_variables_become_typed_options() -> None:
         "ROLLOUT_TRACER_KEEP_MAX_PER_STEP": "4",
         "ROLLOUT_TRACER_FLUSH_INTERVAL_S": "0.5",
         "ROLLOUT_TRACER_REDACT": "false",
-        "ROLLOUT_TRACER_BACKGROUND_YIELD_S": "none",
+        "ROLLOUT_TRACER_RUN_SALT": "none",
         "ROLLOUT_TRACER_OTLP_HEADERS": '{"x-team": "rl"}',
         "ROLLOUT_TRACER_VERL": "1",  # the switch and the model cache are not options
         "ROLLOUT_TRACER_CACHE": "/cache",
@@ -30,7 +30,7 @@ def test_variables_become_typed_options() -> None:
     options = options_from_env(env)
     assert options == {
         "spool_dir": "/data/spool", "keep": ["errors", "tool_errors"], "keep_max_per_step": 4,
-        "flush_interval_s": 0.5, "redact": False, "background_yield_s": None,
+        "flush_interval_s": 0.5, "redact": False, "run_salt": None,
         "otlp_headers": {"x-team": "rl"},
     }  # fmt: skip
     config = tracer.TraceConfig(backend=None, **options)  # every value has the field's type
