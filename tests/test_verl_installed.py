@@ -95,6 +95,25 @@ def test_when_our_side_cannot_load_verl_keeps_its_own_tracer() -> None:
     assert cut.stdout.split() == ["False", "verl.utils.rollout_trace"]
     assert cut.stderr.count("could not load") == 1
 
+    # rollout-tracer itself cannot be imported when the .pth line runs (here: a broken
+    # `tracer` package first on the path): one warning at start, verl's module, no traceback
+    broken = Path(os.environ.get("TMPDIR", "/tmp")) / f"broken-tracer-{os.getpid()}" / "tracer"
+    broken.mkdir(parents=True, exist_ok=True)
+    (broken / "__init__.py").write_text("raise ImportError('half-installed')\n")
+    start = _python("import verl.utils.rollout_trace as m; "
+                    "print(getattr(m, '__rollout_tracer__', False))",
+                    ROLLOUT_TRACER_VERL="1", PYTHONPATH=str(broken.parent))  # fmt: skip
+    assert start.returncode == 0, start.stderr
+    assert start.stdout.split() == ["False"]
+    # the same line each time site reads the .pth (twice in a Python 3.11 venv: site.venv()
+    # and site.main() both process site-packages), and nothing else
+    lines = start.stderr.splitlines()
+    warned = [x for x in lines if "could not load (ImportError: half-installed)" in x]
+    assert warned and set(warned) == {
+        "rollout-tracer: WARNING: ROLLOUT_TRACER_VERL is set but rollout-tracer could not load "
+        "(ImportError: half-installed); verl traces with its own tracer"}
+    assert "Traceback" not in start.stderr
+
     # its init fails (a typo in an option): verl's own tracer takes over and traces the ops
     code = (
         "import asyncio, sys, mlflow\n"
