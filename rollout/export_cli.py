@@ -6,6 +6,7 @@ Registered in :mod:`rollout.cli`; the work is done by :mod:`tracer.readers`.
         --steps 1:10 --out exports/gsm8k
     rollout-tracer export --from weave --entity my-team --experiment gsm8k --out exports/gsm8k
     rollout-tracer report --from mlflow --experiment gsm8k --out report.html
+    rollout-tracer report --from verl-dump --path checkpoints/rollout_data --out report.html
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Any
 
 
 def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
-    sources = ["mlflow", "jsonl", "weave"] + (["parquet"] if parquet else [])
+    sources = ["mlflow", "jsonl", "weave", "verl-dump"] + (["parquet"] if parquet else [])
     p.add_argument("--from", dest="source", required=True, choices=sources)
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
                    "else sqlite:///./mlflow.db)")  # fmt: skip
-    p.add_argument("--path", help="the JSONL file (--from jsonl) or export folder (parquet)")
+    p.add_argument("--path", help="the JSONL file (--from jsonl), export folder (parquet) or "
+                   "verl's trainer.rollout_data_dir (verl-dump)")  # fmt: skip
     p.add_argument("--experiment", help="MLflow experiment or Weave project ([entity/]name): "
                    "the tracer's project_name")  # fmt: skip
     p.add_argument("--entity", help="W&B entity of the Weave project (default: $WANDB_ENTITY, "

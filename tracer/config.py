@@ -213,6 +213,90 @@ class TraceConfig:
         raise ConfigError(f"config must be a TraceConfig or a mapping, got {type(config).__name__}")
 
 
+# TraceConfig fields that come from elsewhere when options are read from the environment:
+# verl's own five (its RolloutTraceConfig.init passes them) and the callables.
+_NOT_FROM_ENV = ("backend", "token2text", "max_samples_per_step_per_worker", "project_name",
+                 "experiment_name", "keep_predicate", "redact_callback")  # fmt: skip
+ENV_PREFIX = "ROLLOUT_TRACER_"
+# ROLLOUT_TRACER_* variables that are not TraceConfig fields
+ENV_OTHERS = ("VERL", "CONFIG", "CACHE")
+
+
+def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Extra tracer options for a process that cannot be passed arguments (verl's workers):
+    the YAML/JSON mapping in the file ``$ROLLOUT_TRACER_CONFIG``, then one variable per field,
+    ``ROLLOUT_TRACER_<FIELD>`` (``ROLLOUT_TRACER_SPOOL_DIR=/data/spool``,
+    ``ROLLOUT_TRACER_KEEP=errors,tool_errors``), which wins over the file. Lists are comma
+    separated, dicts JSON, booleans 1/0/true/false, ``none`` is None. A variable or key that
+    names no option raises :class:`ConfigError` with the closest name.
+
+    Example::
+
+        options = options_from_env(os.environ)  # {"spool_dir": "/data/spool", ...}
+    """
+    fields = {f.name: f for f in dataclasses.fields(TraceConfig) if f.name not in _NOT_FROM_ENV}
+    options: dict[str, Any] = {}
+    path = environ.get(ENV_PREFIX + "CONFIG")
+    if path:
+        options.update(_options_file(path, fields))
+    for var, text in environ.items():
+        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX) :] in ENV_OTHERS:
+            continue
+        name = var[len(ENV_PREFIX) :].lower()
+        if name not in fields:
+            valid = [ENV_PREFIX + n.upper() for n in fields]
+            raise ConfigError(f"unknown variable {var}{did_you_mean(var, valid)}; rollout-tracer "
+                              f"reads {', '.join(sorted(valid))}")  # fmt: skip
+        options[name] = _env_value(var, text, str(fields[name].type))
+    return options
+
+
+def _options_file(path: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    import yaml  # JSON is YAML too
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {ENV_PREFIX}CONFIG={path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{ENV_PREFIX}CONFIG={path} must hold a mapping of options")
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"unknown option {key!r} in {path}{did_you_mean(key, fields)}; "
+                              f"valid: {', '.join(sorted(fields))}")  # fmt: skip
+    return dict(data)
+
+
+def _env_value(var: str, text: str, annotation: str) -> Any:
+    """``text`` as the field's type, read from its annotation (``int | None``, ...)."""
+    import json
+
+    value = text.strip()
+    if "None" in annotation and value.lower() in ("", "none", "null"):
+        return None
+    kind = annotation.split("|")[0].strip()
+    try:
+        if kind == "bool":
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError("not a boolean (1/0/true/false)")
+            return value.lower() in ("1", "true", "yes", "on")
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind.startswith("list"):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        if kind.startswith("dict"):
+            parsed = json.loads(value)
+            if not isinstance(parsed, dict):
+                raise ValueError("not a JSON object")
+            return parsed
+    except ValueError as exc:
+        raise ConfigError(f"{var}={text!r}: {exc}") from exc
+    return value
+
+
 def did_you_mean(name: str, valid: Iterable[str]) -> str:
     """``" (did you mean `x`?)"`` for the closest valid name, or ``""`` when none is close.
     A name contained in exactly one valid name wins (a tutorial's ``max_samples`` means

@@ -15,6 +15,8 @@ shim still behaves like verl:
 - Defaulted arguments are recorded; the ``validate`` tag is ``'True'``/``'False'``; token2text
   puts ``prompt_text``/``response_text`` in the op's outputs, decoded with ``self.tokenizer``;
   objects are written as their fields, without a ``__type__`` key.
+- Every trace carries the tag ``tracer=rollout-tracer`` (verl's own tracer never writes it):
+  how a user sees that rollout-tracer, not verl's tracer, wrote a trace.
 - ``backend="dummy"`` (or ``None``) traces nothing. Unlike verl, an unknown backend name
   still fails at ``init`` (verl silently traces nothing).
 """
@@ -33,6 +35,10 @@ from tracer.core import reset as _reset_tracer
 from tracer.ops import OUTSIDE, _current, _OpInfo, trace_attr, trace_op
 from tracer.record import STYLE_KEY
 from tracer.trajectory import Span
+
+# on every verl-style trace: the API that opened it, and the tag users check
+VERL_STYLE: dict[str, Any] = {STYLE_KEY: "verl", "tracer": "rollout-tracer"}
+VERL_OP_STYLE: dict[str, Any] = {STYLE_KEY: "verl-op", "tracer": "rollout-tracer"}
 
 
 class RolloutTraceConfig:
@@ -171,7 +177,7 @@ def rollout_trace_attr(
         validate=bool(validate),
         name=name,
         trace=trace,
-        **{STYLE_KEY: "verl"},
+        **VERL_STYLE,
     )
 
 
@@ -267,8 +273,7 @@ class _OwnTrace:
     __slots__ = ("attr", "traj")
 
     def __init__(self, name: str) -> None:
-        style: dict[str, Any] = {STYLE_KEY: "verl-op"}
-        self.attr = trace_attr(name=name, **style)
+        self.attr = trace_attr(name=name, **VERL_OP_STYLE)
         self.traj: Any = None
 
     def __enter__(self) -> None:

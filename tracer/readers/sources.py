@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from tracer.annotations import RECORD_TYPE, AnnotationRecord, apply_to_record
 from tracer.readers.mlflow_source import iter_mlflow, mlflow_to_record
 from tracer.readers.selection import PAGE_SIZE, Selection, parse_steps
+from tracer.readers.verl_dump import iter_verl_dump
 from tracer.readers.weave_source import iter_weave, weave_to_record
 from tracer.record import TrajectoryRecord, read_jsonl
 
-SOURCES = ("mlflow", "jsonl", "weave")
+SOURCES = ("mlflow", "jsonl", "weave", "verl-dump")
 __all__ = ["SOURCES", "Selection", "iter_records", "mlflow_to_record", "parse_steps",
            "weave_to_record"]  # fmt: skip
 
@@ -106,6 +107,11 @@ def iter_records(
             raise ValueError("--experiment (the Weave project, the tracer's project_name) is "
                              "required with --from weave")  # fmt: skip
         return iter_weave(experiment, entity, selection, page_size)
+    if source == "verl-dump":
+        if not path:
+            raise ValueError("--path DIR (verl's trainer.rollout_data_dir) is required with "
+                             "--from verl-dump")  # fmt: skip
+        return iter_verl_dump(path, selection, experiment, page_size)
     raise ValueError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
 
 
