@@ -14,7 +14,14 @@ import json
 import sys
 from typing import Any
 
-from rollout.export_cli import _add_source_args, _source_kwargs
+from rollout.export_cli import (
+    _add_source_args,
+    _source_kwargs,
+    check_source,
+    exit_status,
+    fail,
+    read_errors,
+)
 
 
 def configure_flags(p: argparse.ArgumentParser) -> None:
@@ -26,20 +33,22 @@ def configure_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
+    if args.write_tags and args.source != "mlflow":
+        return fail("flags", f"--write-tags writes MLflow trace tags: it needs --from mlflow "
+                    f"(not --from {args.source})")  # fmt: skip
+    problem = check_source(args)
+    if problem:
+        return fail("flags", problem)
     from tracer.readers import read_tables
     from tracer.readers.health import STEP_FLAGS, analyze
 
     try:
         tables = read_tables(args.source, **_source_kwargs(args))
-    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
-        print(f"rollout-tracer flags: error: {exc}", file=sys.stderr)
-        return 2
+    except read_errors() as exc:
+        return fail("flags", str(exc), exit_status(exc))
     health = analyze(tables.trajectories.to_dict("records"))
     counts = health.counts()
     if args.write_tags:
-        if args.source != "mlflow":
-            print("rollout-tracer flags: --write-tags needs --from mlflow", file=sys.stderr)
-            return 2
         written = write_tags(args.tracking_uri, health.by_trace)
         print(f"wrote {written} flag tags (flag.<name>) to MLflow", file=sys.stderr)
     if args.json:

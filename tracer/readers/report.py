@@ -13,8 +13,11 @@ coloured by log-prob or KL.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import tempfile
 from html import escape
 from typing import Any
 
@@ -287,9 +290,20 @@ def _num(v: Any) -> float | int | None:
     return int(f) if f.is_integer() else f
 
 
-def build_report(tables: Tables, title: str = "rollout-tracer report") -> str:
-    """The report as one HTML string."""
+def report_title(traj: Any) -> str:
+    """``Rollout report: <experiment> / <experiment_name>`` from the data itself."""
+    names = []
+    for column in ("experiment", "experiment_name"):
+        values = sorted({str(v) for v in traj[column].dropna() if str(v)}) if len(traj) else []
+        if values:
+            names.append(", ".join(values[:3]) + (" …" if len(values) > 3 else ""))
+    return "Rollout report: " + " / ".join(names) if names else "Rollout report"
+
+
+def build_report(tables: Tables, title: str | None = None) -> str:
+    """The report as one HTML string (``title`` default: :func:`report_title`)."""
     traj = tables.trajectories
+    title = title or report_title(traj)
     stats = step_stats(traj)
     groups = grpo_groups(traj)
     mean = traj["reward"].mean() if len(traj) else None
@@ -309,8 +323,20 @@ def build_report(tables: Tables, title: str = "rollout-tracer report") -> str:
     return page(title, body, transcripts(tables, include=linked), token_meta)
 
 
-def write_report(tables: Tables, out: str, title: str = "rollout-tracer report") -> str:
-    """Write :func:`build_report` to ``out``; returns ``out``."""
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(build_report(tables, title))
+def write_report(tables: Tables, out: str, title: str | None = None) -> str:
+    """Write :func:`build_report` to ``out``; returns ``out``. The page is written under a
+    temporary name next to ``out`` and renamed when complete: a failure leaves ``out`` as it
+    was."""
+    html = build_report(tables, title)
+    folder = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the report private
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return out

@@ -1,0 +1,193 @@
+"""The first hour of a new user (issue 32): every usual mistake with the reading commands gets a
+clear error, before any slow work (MLflow, pandas and pyarrow cannot even be imported in those
+cases), with the right exit status, and no store, file or folder is created or changed.
+
+The commands run in-process through ``rollout.cli.main`` over one small real store (MLflow
+sqlite + JSONL: 12 training trajectories in steps 1-2, 12 validation ones in passes at steps 0
+and 2), so MLflow is imported once."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracer
+from tests import export_agent
+
+pytest.importorskip("mlflow")
+pytest.importorskip("pyarrow")
+
+from rollout.cli import main
+
+PROJECT = "first-hour"
+SLOW = ("mlflow", "pandas", "pyarrow", "sqlalchemy")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("store")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    jsonl = str(tmp / "traces.jsonl")
+    tracer.init({"backend": ["mlflow", "jsonl"], "tracking_uri": uri, "jsonl_path": jsonl,
+                 "project_name": PROJECT, "experiment_name": "grpo", "token2text": True,
+                 "spool_dir": str(tmp / "spool"), "raise_internal_errors": True})  # fmt: skip
+    tracer.register_tokenizer(export_agent.WordTokenizer())
+    export_agent.run([1, 2])
+    export_agent.run([0, 2], validate=True)
+    assert tracer.flush(timeout_s=60)
+    tracer.reset()
+    good = tmp / "out_keep"
+    assert main(["export", "--from", "mlflow", "--tracking-uri", uri, "--experiment", PROJECT,
+                 "--out", str(good), "--no-progress"]) == 0  # fmt: skip
+    yield {"uri": uri, "jsonl": jsonl, "good": good, "tmp": tmp}
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    """Every folder under ``roots``, and every file with its size and modification time (a
+    folder's own mtime moves when a command probes whether it can write there)."""
+    seen: dict[str, tuple[int, int]] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames:
+                seen[os.path.join(dirpath, name)] = (0, 0)
+            for name in filenames:
+                st = os.stat(os.path.join(dirpath, name))
+                seen[os.path.join(dirpath, name)] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+@pytest.fixture
+def no_slow_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any import of MLflow, pandas, pyarrow or SQLAlchemy now raises ImportError: a command
+    that errs before slow work never gets there."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in SLOW:
+            monkeypatch.setitem(sys.modules, name, None)
+    for name in SLOW:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        status = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return status, out + err
+
+
+# (id, argv with {uri} {jsonl} {good} {tmp} placeholders, exit status, message parts, fast:
+# the error comes before MLflow/pandas/pyarrow are imported)
+CASES: list[tuple[str, list[str], int, list[str], bool]] = [
+    ("export-experiment-typo", ["export", "--from", "mlflow", "--tracking-uri", "{uri}",
+     "--experiment", "rollout_tracer", "--out", "{good}"], 2,
+     ["no MLflow experiment named 'rollout_tracer'", "experiments there:", f"'{PROJECT}'"], False),
+    ("export-jsonl-missing", ["export", "--from", "jsonl", "--path", "{tmp}/nope.jsonl",
+     "--out", "{tmp}/new_out"], 2, ["--path", "nope.jsonl does not exist", "jsonl_path"], True),
+    ("export-jsonl-missing-over-good", ["export", "--from", "jsonl", "--path", "{tmp}/nope.jsonl",
+     "--out", "{good}"], 2, ["does not exist"], True),
+    ("export-no-store-here", ["export", "--from", "mlflow", "--out", "{tmp}/new_out"], 2,
+     ["no MLflow store at sqlite:///", "mlflow.db does not exist", "--tracking-uri"], True),
+    ("export-store-in-missing-folder", ["export", "--from", "mlflow", "--tracking-uri",
+     "sqlite:///{tmp}/nodir/x.db", "--out", "{tmp}/new_out"], 2,
+     ["no MLflow store at sqlite:///", "nodir/x.db does not exist"], True),
+    ("report-steps-abc", ["report", "--from", "jsonl", "--path", "{jsonl}", "--steps", "abc",
+     "--out", "{tmp}/r.html"], 2, ["--steps", "expected FIRST:LAST", "e.g. 1:10"], True),
+    ("report-steps-reversed", ["report", "--from", "jsonl", "--path", "{jsonl}", "--steps",
+     "5:1", "--out", "{tmp}/r.html"], 2, ["--steps", "FIRST is after LAST", "1:5"], True),
+    ("report-steps-absent", ["report", "--from", "jsonl", "--path", "{jsonl}", "--steps", "99",
+     "--out", "{tmp}/r.html"], 1, ["no trajectories in", "--steps 99", "steps there: 0:2"],
+     False),
+    ("report-steps-absent-mlflow", ["report", "--from", "mlflow", "--tracking-uri", "{uri}",
+     "--experiment", PROJECT, "--step", "99", "--out", "{tmp}/r.html"], 1,
+     ["no trajectories in", "--steps 99"], False),
+    ("export-jsonl-experiment-absent", ["export", "--from", "jsonl", "--path", "{jsonl}",
+     "--experiment", "gsm8k", "--out", "{tmp}/new_out"], 1,
+     ["no trajectories in", "--experiment gsm8k", f"experiments there: {PROJECT}, grpo"], False),
+    ("report-out-unwritable", ["report", "--from", "mlflow", "--tracking-uri", "{uri}",
+     "--experiment", PROJECT, "--out", "/proc/x.html"], 2, ["--out /proc/x.html"], True),
+    ("report-out-missing-folder", ["report", "--from", "mlflow", "--tracking-uri", "{uri}",
+     "--experiment", PROJECT, "--out", "{tmp}/nodir/r.html"], 2, ["does not exist"], True),
+    ("report-out-is-folder", ["report", "--from", "mlflow", "--tracking-uri", "{uri}",
+     "--experiment", PROJECT, "--out", "{good}"], 2, ["is a folder"], True),
+    ("export-out-is-file", ["export", "--from", "jsonl", "--path", "{jsonl}", "--out",
+     "{jsonl}"], 2, ["is a file"], True),
+    ("report-parquet-missing", ["report", "--from", "parquet", "--path", "{tmp}/nope",
+     "--out", "{tmp}/r.html"], 2, ["--path", "nope does not exist", "export"], True),
+    ("report-jsonl-no-path", ["report", "--from", "jsonl", "--out", "{tmp}/r.html"], 2,
+     ["--from jsonl needs --path"], True),
+    ("flags-write-tags-parquet", ["flags", "--from", "parquet", "--path", "{good}",
+     "--write-tags"], 2, ["--write-tags", "needs --from mlflow"], True),
+    ("flags-no-store-here", ["flags", "--from", "mlflow"], 2, ["no MLflow store at"], True),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "message", "fast"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])  # fmt: skip
+def test_a_mistake_is_a_clear_error_that_changes_nothing(
+    argv: list[str], status: int, message: list[str], fast: bool, store: dict[str, Any],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    places = {k: str(v) for k, v in store.items()} | {"tmp": str(tmp_path)}
+    argv = [a.format(**places) for a in argv]
+    if argv[0] in ("export", "report"):
+        argv.append("--no-progress") if argv[0] == "export" else None
+    before = snapshot(store["tmp"], tmp_path)
+    if fast:
+        request.getfixturevalue("no_slow_imports")
+    got, text = run_cli(argv, capsys)
+    assert got == status, text
+    for part in message:
+        assert part in text, text
+    assert "Traceback" not in text
+    assert snapshot(store["tmp"], tmp_path) == before  # nothing created, nothing changed
+
+
+def test_a_failed_export_keeps_the_previous_one(store: dict[str, Any], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The export itself fails half way (the source raises on its second page): the
+    previous tables stay as they were, and no staging file is left behind."""
+    import pyarrow.parquet as pq
+
+    from tracer.readers import export_pages, iter_records
+
+    good = store["good"]
+    before = snapshot(good)
+    pages = iter_records("jsonl", path=store["jsonl"], page_size=2)
+
+    def failing() -> Iterator[Any]:
+        yield next(pages)
+        raise OSError("the disk went away")
+
+    with pytest.raises(OSError, match="disk went away"):
+        export_pages(failing(), str(good))
+    assert snapshot(good) == before
+    assert pq.read_table(good / "trajectories.parquet").num_rows == 24
+    with pytest.raises(OSError):
+        export_pages(failing(), str(tmp_path / "fresh"))
+    assert not (tmp_path / "fresh").exists()  # the folder it created is gone again
+
+
+def test_a_report_is_replaced_only_when_complete(store: dict[str, Any], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracer.readers import read_tables, report, write_report
+
+    out = tmp_path / "report.html"
+    out.write_text("the previous report")
+    tables = read_tables("jsonl", path=store["jsonl"])
+
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("a bug while rendering")
+
+    monkeypatch.setattr(report, "build_report", broken)
+    with pytest.raises(RuntimeError):
+        write_report(tables, str(out))
+    assert out.read_text() == "the previous report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
