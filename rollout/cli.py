@@ -42,12 +42,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     import tracer
     from rollout.config import load_config, trace_config
     from rollout.engines import make_engine
+    from rollout.rewards import check_mode
     from rollout.trackers import Tracking
     from rollout.worker import RolloutWorker
 
     tracking: Any = None
     try:  # configuration errors: a clear message and exit code 2, no traceback
         config = load_config(args.overrides, args.config)
+        check_mode(str((config.get("reward") or {}).get("mode", "strict")))
         trace = trace_config(config)
         backends = trace.get("backend")
         names = backends if isinstance(backends, list) else [backends] if backends else []
