@@ -191,3 +191,78 @@ def test_a_report_is_replaced_only_when_complete(store: dict[str, Any], tmp_path
         write_report(tables, str(out))
     assert out.read_text() == "the previous report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+
+
+# ----------------------------------------------------------------------------------- report
+def test_the_report_counts_training_and_validation_apart(
+    store: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    out = tmp_path / "r.html"
+    status, text = run_cli(["report", "--from", "parquet", "--path", str(store["good"]),
+                            "--out", str(out)], capsys)  # fmt: skip
+    assert status == 0, text
+    assert "12 training and 12 validation trajectories" in text
+    html = out.read_text()
+    assert f"<title>Rollout report: {PROJECT} / grpo</title>" in html
+    assert '<span id="n-steps">2</span> training steps' in html
+    assert '<span id="n-traj">12</span> training trajectories' in html
+    assert '<span id="n-val-passes">2</span> validation passes' in html
+    # training panels: steps 1 and 2 only (step 0 held validation only), 6 trajectories each
+    rewards = html[html.index('id="rewards"'):html.index('id="trends"')]
+    assert re.findall(r'<tr data-step="(\d+)"><td>\d+</td><td>(\d+)</td>', rewards) == [
+        ("1", "6"), ("2", "6")]
+    validation = html[html.index('id="validation"'):html.index('id="groups"')]
+    assert re.findall(r'<tr data-step="(\d+)"><td>\d+</td><td>(\d+)</td>', validation) == [
+        ("0", "6"), ("2", "6")]
+    assert "validation mean reward" in validation  # its own curve
+    # every table has a header row, the GRPO group tables included
+    groups = html[html.index('id="groups"'):html.index('id="prompts"')]
+    assert groups.count("<table") == groups.count("<thead>") == 2
+    assert "<th>rollout 0</th><th>rollout 1</th>" in groups
+    assert html.count("<table") == html.count("<thead>")
+
+
+def test_small_reward_differences_get_clearly_different_colours() -> None:
+    from tracer.readers.svg import RewardColors
+
+    colors = RewardColors([0.0, 0.05, 1.05, 1.1, 0.05])
+
+    def rgb(v: float) -> list[int]:
+        return [int(x) for x in colors(v)[4:-1].split(",")]
+
+    for a, b in [(0.0, 0.05), (1.05, 1.1), (0.05, 1.05)]:
+        distance = sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5
+        assert distance > 80, (a, b, colors(a), colors(b))
+    assert colors(None) == "#e5e7eb" and "0.05" in colors.legend()
+
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium")
+def test_special_tokens_are_hidden_in_transcripts_with_a_toggle(
+    store: dict[str, Any], tmp_path: Path
+) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tracer.readers import read_tables, write_report
+
+    tables = read_tables("parquet", path=str(store["good"]))
+    first = tables.trajectories.sort_values(["step", "sample_key", "rollout_n"]).iloc[0]
+    turns = tables.turns
+    mine = turns.index[turns["trace_id"] == first["trace_id"]]
+    turns.loc[mine, "response_text"] = "The answer.<|im_end|>"
+    tables.tokens = tables.tokens.iloc[0:0]  # the text view (a token view hides them alike)
+    out = write_report(tables, str(tmp_path / "r.html"))
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu"])  # fmt: skip
+        page = browser.new_page()
+        page.goto(Path(out).as_uri())
+        box = page.locator("#transcript")
+        assert "The answer." in box.text_content()
+        assert "<|im_end|>" not in box.text_content()
+        page.check("#show-special")
+        assert "The answer.<|im_end|>" in box.text_content()
+        browser.close()
