@@ -266,3 +266,88 @@ def test_special_tokens_are_hidden_in_transcripts_with_a_toggle(
         page.check("#show-special")
         assert "The answer.<|im_end|>" in box.text_content()
         browser.close()
+
+
+# ----------------------------------------------------------------------------------- replay
+def _spool_folder(root: Path, meta: dict[str, Any], lines: list[str]) -> Path:
+    import json
+
+    folder = root / f"{meta['backend']}-0123456789ab"
+    folder.mkdir(parents=True)
+    (folder / "destination.json").write_text(json.dumps(meta))
+    (folder / f"1700000000000000000_gonehost_1_x_0_{len(lines)}.jsonl").write_text(
+        "".join(line + "\n" for line in lines))
+    return folder
+
+
+@pytest.mark.usefixtures("no_slow_imports")
+@pytest.mark.parametrize("kind", ["missing", "file", "not-a-spool"])
+def test_replay_of_a_wrong_folder_is_an_error(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "spool"
+    if kind == "file":
+        target.write_text("x")
+    elif kind == "not-a-spool":
+        target.mkdir()
+        (target / "notes.txt").write_text("x")
+    before = snapshot(tmp_path)
+    status, text = run_cli(["replay", "--spool-dir", str(target)], capsys)
+    assert status == 2, text
+    assert "--spool-dir" in text or "not a spool folder" in text, text
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.usefixtures("no_slow_imports")
+@pytest.mark.parametrize("case", ["moved", "gone"])
+def test_replay_reports_a_moved_or_missing_store_before_sending(
+    case: str, store: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    old, new = tmp_path / "old-clone", tmp_path / "new-clone"
+    old.mkdir()
+    new.mkdir()
+    (new / "mlflow.db").write_bytes(b"")  # this clone's own store
+    if case == "moved":
+        (old / "mlflow.db").write_bytes(b"")
+    uri = f"sqlite:///{old / 'mlflow.db'}"
+    lines = Path(store["jsonl"]).read_text().splitlines()[:2]
+    _spool_folder(new / ".rollout-tracer" / "spool",
+                  {"backend": "mlflow", "destination": f"{uri}#1",
+                   "config": {"tracking_uri": uri}}, lines)  # fmt: skip
+    monkeypatch.chdir(new)
+    before = snapshot(tmp_path)
+    status, text = run_cli(["replay", "--no-progress"], capsys)
+    assert status == 1, text
+    assert f"mlflow -> {uri}: NOT SENT (1 batches stay in" in text
+    if case == "moved":
+        assert f"has its own {new / 'mlflow.db'}" in text and "--tracking-uri" in text
+    else:
+        assert "no longer exists" in text
+    assert snapshot(tmp_path) == before  # nothing sent, nothing deleted
+
+
+def test_replay_names_the_destination(
+    store: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "replayed.jsonl"
+    lines = Path(store["jsonl"]).read_text().splitlines()[:3]
+    _spool_folder(tmp_path / "spool", {"backend": "jsonl", "destination": str(out),
+                                       "config": {"jsonl_path": str(out)}}, lines)  # fmt: skip
+    status, text = run_cli(["replay", "--spool-dir", str(tmp_path / "spool"), "--no-progress"],
+                           capsys)  # fmt: skip
+    assert status == 0, text
+    assert f"jsonl -> {out}: 1 batches to replay" in text
+    assert f"jsonl -> {out}: 3 trajectories replayed" in text
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_replay_destinations_carry_no_credentials() -> None:
+    from tracer.replay import destination_of
+
+    meta = {"backend": "mlflow", "destination": "http://h:5000#3",
+            "config": {"tracking_uri": "http://user:secret@h:5000"}}  # fmt: skip
+    assert destination_of(meta) == "http://h:5000"
+    assert destination_of({"backend": "mlflow", "destination": "http://h:5000#3"}) == \
+        "http://h:5000"  # a layout without the config: read defensively
+    assert destination_of(meta, {"tracking_uri": "https://u:p@new:443"}) == "https://new:443"
