@@ -38,7 +38,8 @@ class ReplayResult:
 def destination_of(meta: dict[str, Any], overrides: dict[str, Any] | None = None) -> str:
     """Where a spool folder's batches go, credentials stripped: the override, else what
     destination.json says (its fields are read defensively: older and newer layouts differ)."""
-    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    raw = meta.get("config")
+    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
     name = str(meta.get("backend", "?"))
     where = None
     if name == "mlflow":
