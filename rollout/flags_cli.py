@@ -26,10 +26,12 @@ from rollout.export_cli import (
 
 def configure_flags(p: argparse.ArgumentParser) -> None:
     _add_source_args(p, parquet=True)
-    p.add_argument("--examples", type=int, default=3, help="example trace ids per flag")
+    p.add_argument("--examples", type=int, default=3, metavar="N",
+                   help="example trace ids (tr-..., as MLflow shows them) per flag (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--write-tags", action="store_true",
-                   help="--from mlflow: write flag.<name>=true trace tags back")  # fmt: skip
+                   help="--from mlflow: tag each flagged trace flag.<name>=true in MLflow "
+                   "(filter tags.`flag.truncated` = 'true' in the UI)")  # fmt: skip
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
@@ -40,7 +42,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
     if problem:
         return fail("flags", problem)
     from tracer.readers import read_tables
-    from tracer.readers.health import STEP_FLAGS, analyze
+    from tracer.readers.health import MEANINGS, STEP_FLAGS, analyze
 
     try:
         tables = read_tables(args.source, **_source_kwargs(args))
@@ -69,6 +71,8 @@ def cmd_flags(args: argparse.Namespace) -> int:
     if not counts:
         print(f"no health flags in {n} trajectories")
         return 0
+    validation = set(tables.trajectories.loc[tables.trajectories["validate"].astype(bool),
+                                             "trace_id"])  # fmt: skip
     print(f"health flags in {n} trajectories ({len(health.by_trace)} flagged):")
     for name, per_step in counts.items():
         level = "step" if name in STEP_FLAGS else "trajectory"
@@ -76,8 +80,13 @@ def cmd_flags(args: argparse.Namespace) -> int:
                                                          str(kv[0])))  # fmt: skip
         print(f"  {name:<28} {sum(per_step.values()):>5} trajectories ({level}; per step "
               f"{where})")  # fmt: skip
+        print(f"      {MEANINGS.get(name, '')}")
         for trace_id in health.examples(name, args.examples):
-            print(f"      {trace_id}  (step {health.step_of.get(trace_id)})")
+            kind = "validation" if trace_id in validation else "training"
+            print(f"      tr-{trace_id}  (step {health.step_of.get(trace_id)}, {kind})")
+    if args.source == "mlflow":
+        print("open a trace in the MLflow UI (rollout-tracer ui) by its tr- id; --write-tags "
+              "tags them flag.<name>")  # fmt: skip
     return 0
 
 

@@ -9,6 +9,7 @@ and 2), so MLflow is imported once."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,8 +198,6 @@ def test_a_report_is_replaced_only_when_complete(store: dict[str, Any], tmp_path
 def test_the_report_counts_training_and_validation_apart(
     store: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import re
-
     out = tmp_path / "r.html"
     status, text = run_cli(["report", "--from", "parquet", "--path", str(store["good"]),
                             "--out", str(out)], capsys)  # fmt: skip
@@ -351,3 +350,44 @@ def test_replay_destinations_carry_no_credentials() -> None:
     assert destination_of({"backend": "mlflow", "destination": "http://h:5000#3"}) == \
         "http://h:5000"  # a layout without the config: read defensively
     assert destination_of(meta, {"tracking_uri": "https://u:p@new:443"}) == "https://new:443"
+
+
+# ------------------------------------------------------------------------------------- help
+def test_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from rollout.cli import build_parser
+
+    status, text = run_cli(["--help"], capsys)
+    assert status == 0 and "SUBCOMMANDS" not in text and ":data:" not in text
+    assert "rollout-tracer export --from mlflow" in text
+    status, text = run_cli(["--version"], capsys)
+    assert status == 0 and text.startswith("rollout-tracer ")
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        assert command.description, name
+        for action in command._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{name} {action.option_strings or action.dest}: no help"
+    defaults = {name: next((a.help for a in command._actions if "--experiment" in
+                            a.option_strings), None) for name, command in sub.choices.items()}
+    assert all("default" in h and "rollout-tracer" in h for h in defaults.values() if h)
+    assert {n for n, h in defaults.items() if h} == {"export", "report", "flags", "ui"}
+
+
+def test_flags_prints_mlflow_ids_meanings_and_validation(
+    store: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, text = run_cli(["flags", "--from", "parquet", "--path", str(store["good"])],
+                           capsys)  # fmt: skip
+    assert status == 0, text
+    from tracer.readers.health import MEANINGS
+
+    assert "health flags in 24 trajectories" in text
+    shown = [name for name in MEANINGS if f"  {name} " in text]
+    assert shown, text
+    for name in shown:
+        assert MEANINGS[name] in text
+    ids = re.findall(r"^ {6}(\S+)  \(step (\d+), (training|validation)\)$", text, re.M)
+    assert ids and all(i.startswith("tr-") and len(i) == 35 for i, _, _ in ids), text
