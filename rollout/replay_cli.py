@@ -54,8 +54,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         elif waiting:
             print(f"{where}: {waiting} batches to replay from {folder}")
-    if len(blocked) == len(folders):
+    if blocked and len(blocked) == len(folders):
         return 1
+    if not any(any(folder.glob("*.jsonl")) for folder, _ in folders):
+        print(f"nothing to replay: no batches waiting under {spool_dir}")
+        return 1 if blocked else 0
     from tqdm import tqdm
 
     from tracer.replay import replay

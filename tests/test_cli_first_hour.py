@@ -87,7 +87,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 CASES: list[tuple[str, list[str], int, list[str], bool]] = [
     ("export-experiment-typo", ["export", "--from", "mlflow", "--tracking-uri", "{uri}",
      "--experiment", "rollout_tracer", "--out", "{good}"], 2,
-     ["no MLflow experiment named 'rollout_tracer'", "experiments there:", f"'{PROJECT}'"], False),
+     ["no MLflow experiment named 'rollout_tracer'", "experiments there:", f"'{PROJECT}'"], True),
     ("export-jsonl-missing", ["export", "--from", "jsonl", "--path", "{tmp}/nope.jsonl",
      "--out", "{tmp}/new_out"], 2, ["--path", "nope.jsonl does not exist", "jsonl_path"], True),
     ("export-jsonl-missing-over-good", ["export", "--from", "jsonl", "--path", "{tmp}/nope.jsonl",
@@ -106,7 +106,7 @@ CASES: list[tuple[str, list[str], int, list[str], bool]] = [
      False),
     ("report-steps-absent-mlflow", ["report", "--from", "mlflow", "--tracking-uri", "{uri}",
      "--experiment", PROJECT, "--step", "99", "--out", "{tmp}/r.html"], 1,
-     ["no trajectories in", "--steps 99"], False),
+     ["no trajectories in", "--steps 99", "steps there: 0:2"], True),
     ("export-jsonl-experiment-absent", ["export", "--from", "jsonl", "--path", "{jsonl}",
      "--experiment", "gsm8k", "--out", "{tmp}/new_out"], 1,
      ["no trajectories in", "--experiment gsm8k", f"experiments there: {PROJECT}, grpo"], False),

@@ -96,6 +96,10 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
         if problem:  # reported before anything is sent; the batches stay
             result.failed[folder.name] = problem
             continue
+        if not any(folder.glob("*.jsonl")):  # nothing waits: no backend to start
+            result.replayed[folder.name] = 0
+            result.left[folder.name] = 0
+            continue
         stored = dict(meta.get("config") or {})
         stored.update(overrides or {})
         stored.update({"backend": [name], "spool_dir": spool_dir})

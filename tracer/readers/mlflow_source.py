@@ -75,9 +75,13 @@ def iter_mlflow(
     Raises :class:`StoreNotFound` (no store there), ``ValueError`` (no such experiment: the
     message lists those in the store) or :class:`NoTrajectories` (nothing matched)."""
     check_store(tracking_uri)
+    selection = selection or Selection()
+    fast = _sqlite_pages(tracking_uri, experiment, selection, page_size)
+    if fast is not None:
+        yield from fast
+        return
     from mlflow.tracking import MlflowClient
 
-    selection = selection or Selection()
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -102,6 +106,29 @@ def iter_mlflow(
                 break
     if not found:
         raise no_match(f"MLflow experiment {experiment!r} at {tracking_uri}", selection, None)
+
+
+def _sqlite_pages(tracking_uri: str, experiment: str, selection: Selection, page_size: int
+                  ) -> Iterator[list[TrajectoryRecord]] | None:  # fmt: skip
+    """Pages read from a sqlite store's tables (no MLflow import), or None: use the client."""
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    from tracer.readers.mlflow_sqlite import open_store
+
+    store = open_store(str(local_store_path(tracking_uri)))
+    if store is None:
+        return None
+    names = store.experiments()
+    if experiment not in names:
+        raise ValueError(unknown_experiment(experiment, tracking_uri, list(names)))
+    ids, steps = store.selected(names[experiment], selection)
+    if not ids:
+        raise no_match(f"MLflow experiment {experiment!r} at {tracking_uri}", selection, None,
+                       steps)  # fmt: skip
+    if not store.all_spans_here(ids):
+        return None
+    return ([mlflow_to_record(t, experiment) for t in page]
+            for page in store.pages(ids, page_size))
 
 
 def unknown_experiment(experiment: str, tracking_uri: str, names: list[str]) -> str:
