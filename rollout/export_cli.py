@@ -208,7 +208,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        tables = read_tables(args.source, **_source_kwargs(args))
+        tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
     except read_errors() as exc:
         return fail("report", str(exc), exit_status(exc))
     write_report(tables, args.out, args.title)

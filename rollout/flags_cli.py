@@ -45,7 +45,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
     from tracer.readers.health import MEANINGS, STEP_FLAGS, analyze
 
     try:
-        tables = read_tables(args.source, **_source_kwargs(args))
+        tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
     except read_errors() as exc:
         return fail("flags", str(exc), exit_status(exc))
     health = analyze(tables.trajectories.to_dict("records"))

@@ -262,10 +262,25 @@ def read_tables(
     steps: Sequence[int] | None = None,
     validate: bool | None = None,
     tokenizer: Any = None,
+    allow_empty: bool = True,
 ) -> Tables:
     """The tables as pandas DataFrames (everything in memory: for large runs export to
     Parquet and query it with DuckDB or polars). ``source="parquet"`` reads an export
-    directory ``path``."""
+    directory ``path``. A selection that matches nothing gives empty tables, or with
+    ``allow_empty=False`` raises :class:`NoTrajectories` saying what the source holds (what
+    the commands do)."""
+    try:
+        return _read_tables(source, experiment, tracking_uri, path, entity, steps, validate,
+                            tokenizer)  # fmt: skip
+    except NoTrajectories:
+        if not allow_empty:
+            raise
+        return rows_to_tables(Rows())
+
+
+def _read_tables(source: str, experiment: str | None, tracking_uri: str | None,
+                 path: str | None, entity: str | None, steps: Sequence[int] | None,
+                 validate: bool | None, tokenizer: Any) -> Tables:  # fmt: skip
     if source == "parquet":
         return read_parquet_dir(str(path), steps, validate)
     rows = Rows()
@@ -278,6 +293,9 @@ def read_tables(
         selection=Selection(steps, validate),
     ):
         rows.extend(records_rows(page, tokenizer))
+    if not rows.trajectories:  # a source that does not say so itself (weave)
+        raise no_match(f"{source} {experiment or path or ''}".strip(), Selection(steps, validate),
+                       None)  # fmt: skip
     apply_flags(rows.trajectories, analyze(rows.trajectories))
     return rows_to_tables(rows)
 
