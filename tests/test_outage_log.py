@@ -31,6 +31,14 @@ class FlakyJsonl(JsonlExporter):
     name = "flaky_jsonl"
 
     def export(self, batch: Any, *, replay: bool = False) -> ExportResult:
+        self._switch()
+        return super().export(batch, replay=replay)
+
+    def export_encoded(self, batch: Any, lines: Any, *, replay: bool = False) -> ExportResult:
+        self._switch()  # the path the pipeline takes for a byte-oriented backend
+        return super().export_encoded(batch, lines, replay=replay)
+
+    def _switch(self) -> None:
         if Switch.mode == "down":
             from mlflow.utils.rest_utils import MlflowHostCreds, http_request
 
@@ -38,7 +46,6 @@ class FlakyJsonl(JsonlExporter):
             http_request(MlflowHostCreds(url), "/v1/traces", "POST", max_retries=0, timeout=5)
         if Switch.mode == "bug":
             raise KeyError("a bug in the exporter")
-        return super().export(batch, replay=replay)
 
 
 def _trace(n: int) -> None:
