@@ -28,6 +28,7 @@ SECTIONS = {
     "memory": 300,
     "cpu": 600,  # benchmarks/cpu.py: ours vs the OpenTelemetry SDK, whole-process CPU
     "export": 900,  # benchmarks/bench_export.py, appended as section 5
+    "readers": 600,  # benchmarks/bench_readers.py, appended as section 6
 }
 
 
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         # One empty, migrated MLflow store, copied by every section (migrations take seconds).
         mlflow_store(tmp, "template-source.db")
         for name in names:
-            if name == "export":
-                continue  # its own script, run by _export_section after the others
+            if name in ("export", "readers"):
+                continue  # their own scripts, run after the others (sections 5 and 6)
             print(f"[benchmarks] {name} ...", file=sys.stderr, flush=True)
             args = ["--quick"] if a.quick else []
             results[name] = run_section(name, args, SECTIONS[name])
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results)
     if "export" in names:
         text += _export_section(a.quick)
+    if "readers" in names:
+        text += _readers_section(a.quick)
     out.write_text(text)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
@@ -93,6 +96,24 @@ def _export_section(quick: bool) -> str:
             return f"\n## 5. Export to Parquet\n\nfailed: {proc.stderr[-1000:]}\n"
         body = md.read_text().split("\n", 1)[1]  # drop its own title
     return "\n## 5. Export to Parquet (`rollout-tracer export`)\n" + body
+
+
+def _readers_section(quick: bool) -> str:
+    """Section 6: reader commands on a 12-trajectory store, from bench_readers.py."""
+    import subprocess
+
+    print("[benchmarks] readers ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-readers-") as tmp:
+        md = Path(tmp) / "readers.md"
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "bench_readers.py"), "--repeats",
+             "1" if quick else "3", "--output", str(md)],
+            capture_output=True, text=True, cwd=ROOT, timeout=SECTIONS["readers"],
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return f"\n## 6. Reader commands\n\nfailed: {proc.stderr[-1000:]}\n"
+        body = md.read_text().split("\n", 1)[1]
+    return "\n## 6. Reader commands (`export`, `report`, `flags`, `replay`)\n" + body
 
 
 if __name__ == "__main__":

@@ -57,6 +57,10 @@ class AgentLoopConfig:
     # (vLLM's meaning; "required" is one tool call by structured decoding). ["required", "auto"]:
     # the first turn calls a tool, later turns choose.
     tool_choice: list[str] = field(default_factory=lambda: ["auto"])
+    # reward section: score = accuracy + format_weight * format; mode strict (a final
+    # "#### <number>" or wrong, as verl's GSM8K default) or flexible (rollout/rewards.py)
+    reward_mode: str = "strict"
+    format_weight: float = 0.1
 
     def __post_init__(self) -> None:
         from rollout.engines.structured import check_tool_choice
@@ -321,5 +325,6 @@ class ToolAgentLoop:
         if ground_truth is not None:
             assistant_texts = [t.text for t in turns if t.role == "assistant"]
             final = assistant_texts[-1] if assistant_texts else ""
-            output.reward = compute_reward(final, ground_truth, assistant_texts)
+            output.reward = compute_reward(final, ground_truth, assistant_texts,
+                                           cfg.format_weight, cfg.reward_mode)  # fmt: skip
         return output

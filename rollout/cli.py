@@ -11,6 +11,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+DESCRIPTION = """\
+Trace agentic RL rollouts and read the traces back.
+
+  rollout-tracer run                                  a traced rollout into ./mlflow.db
+  rollout-tracer ui                                   browse the traces in MLflow's UI
+  rollout-tracer export --from mlflow --out exports/  trajectories, turns, tool calls as Parquet
+  rollout-tracer report --from mlflow                 a self-contained HTML report
+  rollout-tracer flags --from mlflow                  health flags, with example trace ids
+  rollout-tracer replay                               send what an outage or crash left spooled
+
+Readers use ./mlflow.db (or $MLFLOW_TRACKING_URI) and the experiment rollout-tracer unless told
+otherwise, and never create a store. `rollout-tracer COMMAND --help` for a command's options.
+"""
+
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]]
 SUBCOMMANDS = {}
 
@@ -42,12 +56,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     import tracer
     from rollout.config import load_config, trace_config
     from rollout.engines import make_engine
+    from rollout.rewards import check_mode
     from rollout.trackers import Tracking
     from rollout.worker import RolloutWorker
 
     tracking: Any = None
     try:  # configuration errors: a clear message and exit code 2, no traceback
         config = load_config(args.overrides, args.config)
+        check_mode(str((config.get("reward") or {}).get("mode", "strict")))
         trace = trace_config(config)
         backends = trace.get("backend")
         names = backends if isinstance(backends, list) else [backends] if backends else []
@@ -171,13 +187,27 @@ _register_ui()
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(prog="rollout-tracer", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="rollout-tracer", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rollout-tracer {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, configure, fn) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text[:1].upper() + help_text[1:]
+                           + ".")  # fmt: skip
         configure(p)
         p.set_defaults(func=fn)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rollout-tracer")
+    except PackageNotFoundError:  # run from a checkout without installing
+        from tracer import __version__
+
+        return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """``rollout-tracer export`` and ``rollout-tracer report``: read what the tracer stored.
 
-Registered in :mod:`rollout.cli`; the work is done by :mod:`tracer.readers`.
+Registered in :mod:`rollout.cli`; the work is done by :mod:`tracer.readers`. Every option is
+checked before the store is opened; a wrong store or experiment exits with status 2, a selection
+that matches nothing with status 1, and neither creates nor changes a file.
 
     rollout-tracer export --from mlflow --tracking-uri sqlite:///mlflow.db --experiment gsm8k \\
         --steps 1:10 --out exports/gsm8k
@@ -12,30 +14,58 @@ Registered in :mod:`rollout.cli`; the work is done by :mod:`tracer.readers`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from typing import Any
+
+DEFAULT_EXPERIMENT = "rollout-tracer"  # the tracer's default project_name, as `ui` uses
+SOURCE_HELP = {
+    "mlflow": "an MLflow store (--tracking-uri, --experiment)",
+    "jsonl": "the JSONL file the jsonl backend wrote (--path)",
+    "weave": "a Weave project (--experiment, --entity)",
+    "parquet": "a folder written by `export --format parquet` (--path)",
+    "verl-dump": "the JSONL files verl's trainer.rollout_data_dir holds (--path)",
+}
+
+
+def steps_arg(text: str) -> str:
+    """argparse type of ``--steps``: checked when the command line is parsed."""
+    from tracer.readers.selection import parse_steps
+
+    try:
+        parse_steps(None, text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--steps {text!r}: ")) from None
+    return text
 
 
 def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
     sources = ["mlflow", "jsonl", "weave", "verl-dump"] + (["parquet"] if parquet else [])
-    p.add_argument("--from", dest="source", required=True, choices=sources)
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-                   "else sqlite:///./mlflow.db)")  # fmt: skip
+    p.add_argument("--from", dest="source", required=True, choices=sources, metavar="SOURCE",
+                   help="where the trajectories are: " + "; ".join(
+                       f"{s}: {SOURCE_HELP[s]}" for s in sources))  # fmt: skip
+    p.add_argument("--tracking-uri", metavar="URI", help="MLflow store (default: "
+                   "$MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db); never created by a "
+                   "reader")  # fmt: skip
     p.add_argument("--path", help="the JSONL file (--from jsonl), export folder (parquet) or "
                    "verl's trainer.rollout_data_dir (verl-dump)")  # fmt: skip
-    p.add_argument("--experiment", help="MLflow experiment or Weave project ([entity/]name): "
-                   "the tracer's project_name")  # fmt: skip
+    p.add_argument("--experiment", metavar="NAME", help="MLflow experiment or Weave project "
+                   f"([entity/]name): the tracer's project_name (default: {DEFAULT_EXPERIMENT}; "
+                   "--from jsonl: keeps records of this project or experiment_name, default "
+                   "all)")  # fmt: skip
     p.add_argument("--entity", help="W&B entity of the Weave project (default: $WANDB_ENTITY, "
                    "else the account's default entity)")  # fmt: skip
     steps = p.add_mutually_exclusive_group()
-    steps.add_argument("--step", type=int, help="only this step")
-    steps.add_argument("--steps", help="steps FIRST:LAST (inclusive) or a list 1,4,7")
+    steps.add_argument("--step", type=int, metavar="N", help="only step N")
+    steps.add_argument("--steps", type=steps_arg, metavar="SPEC",
+                       help="steps FIRST:LAST (inclusive, e.g. 1:10) or a list (e.g. 1,4,7)")
     p.add_argument(
         "--validate",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="--validate: validation rollouts only; --no-validate: training only",
+        help="--validate: validation rollouts only; --no-validate: training only (default both)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--tokenizer", help="the tokens table's token text: a builtin model name "
@@ -44,19 +74,91 @@ def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
 
 def configure_export(p: argparse.ArgumentParser) -> None:
     _add_source_args(p)
-    p.add_argument("--out", required=True, help="output folder: trajectories/turns/tool_calls")
-    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl"])
-    p.add_argument("--page-size", type=int, default=500, help="trajectories per page/row group")
+    p.add_argument("--out", required=True, metavar="FOLDER", help="output folder: "
+                   "trajectories, turns, tool_calls and tokens tables (replaced only when the "
+                   "export succeeds)")  # fmt: skip
+    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl"],
+                   help="table file format (default parquet)")
+    p.add_argument("--page-size", type=int, default=500, metavar="N",
+                   help="trajectories per page/row group (default 500)")
 
 
 def configure_report(p: argparse.ArgumentParser) -> None:
     _add_source_args(p, parquet=True)
-    p.add_argument("--out", default="report.html", help="the HTML file to write")
-    p.add_argument("--title", default=None, help="report title")
+    p.add_argument("--out", default="report.html", metavar="FILE",
+                   help="the HTML file to write (default report.html; its folder must exist)")
+    p.add_argument("--title", default=None,
+                   help="report title (default: the experiment and run names in the data)")
+
+
+def check_source(args: argparse.Namespace) -> str | None:
+    """The options of the source, checked before anything is read: an error message or None."""
+    if args.source in ("jsonl", "parquet") and not args.path:
+        example = "traces/rollout-tracer/default.jsonl" if args.source == "jsonl" else "exports/"
+        return f"--from {args.source} needs --path (e.g. --path {example})"
+    if args.source in ("mlflow", "weave") and args.experiment is None:
+        args.experiment = DEFAULT_EXPERIMENT
+    return None
+
+
+def check_out_folder(out: str) -> str | None:
+    """``export --out``: an error message when the folder cannot be created or written."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"--out {out}: is a file; export writes a folder of tables"
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"--out {out}: {parent} is not a folder"
+    return _unwritable(out, parent)
+
+
+def check_out_file(out: str) -> str | None:
+    """``report --out``: an error message when the file cannot be written (its folder must
+    exist: a typo there should not become a new folder)."""
+    folder = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(out):
+        return f"--out {out}: is a folder; give the HTML file, e.g. --out {out}/report.html"
+    if not os.path.isdir(folder):
+        return f"--out {out}: folder {folder} does not exist (create it first)"
+    return _unwritable(out, folder)
+
+
+def _unwritable(out: str, folder: str) -> str | None:
+    # os.access says yes to root everywhere (/proc included): only a real file tells
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".rollout-tracer-probe-", dir=folder)
+    except OSError as exc:
+        return f"--out {out}: cannot write in {folder} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def fail(command: str, message: str, status: int = 2) -> int:
+    print(f"rollout-tracer {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What a reader raises for a wrong source or selection (the rest are bugs: traceback)."""
+    from tracer.readers.selection import NoTrajectories
+
+    return (ValueError, NotImplementedError, FileNotFoundError, NotADirectoryError,
+            NoTrajectories)  # fmt: skip
+
+
+def exit_status(exc: BaseException) -> int:
+    from tracer.readers.selection import NoTrajectories
+
+    return 1 if isinstance(exc, NoTrajectories) else 2
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export trajectories to Parquet (or JSONL) tables with a progress bar."""
+    problem = check_source(args) or check_out_folder(args.out)
+    if problem:
+        return fail("export", problem)
     from tqdm import tqdm
 
     from tracer.readers import export
@@ -66,10 +168,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         summary = export(args.source, args.out, fmt=args.format, page_size=args.page_size,
                          on_page=bar.update, **_source_kwargs(args))
-    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
+    except read_errors() as exc:
         bar.close()
-        print(f"rollout-tracer export: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("export", str(exc), exit_status(exc))
     bar.close()
     rows = ", ".join(f"{n} {name}" for name, n in summary.rows.items())
     print(f"exported {rows} in {summary.pages} pages, {time.perf_counter() - t0:.1f} s:")
@@ -80,7 +181,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _source_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Where to read and what to keep: the options export and report share."""
-    from tracer.readers import parse_steps
+    from tracer.readers.selection import parse_steps
 
     return {
         "experiment": args.experiment,
@@ -103,16 +204,19 @@ def _tokenizer(path: str | None) -> Any:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the self-contained HTML report."""
+    problem = check_source(args) or check_out_file(args.out)
+    if problem:
+        return fail("report", problem)
     from tracer.readers import read_tables, write_report
 
     t0 = time.perf_counter()
     try:
-        tables = read_tables(args.source, **_source_kwargs(args))
-    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
-        print(f"rollout-tracer report: error: {exc}", file=sys.stderr)
-        return 2
-    title = args.title or f"rollout-tracer: {args.experiment or args.path}"
-    write_report(tables, args.out, title)
-    n = len(tables.trajectories)
-    print(f"report of {n} trajectories: {args.out} ({time.perf_counter() - t0:.1f} s)")
+        tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
+    except read_errors() as exc:
+        return fail("report", str(exc), exit_status(exc))
+    write_report(tables, args.out, args.title)
+    traj = tables.trajectories
+    n_val = int(traj["validate"].sum()) if len(traj) else 0
+    print(f"report of {len(traj) - n_val} training and {n_val} validation trajectories: "
+          f"{args.out} ({time.perf_counter() - t0:.1f} s)")  # fmt: skip
     return 0

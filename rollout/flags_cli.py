@@ -14,32 +14,43 @@ import json
 import sys
 from typing import Any
 
-from rollout.export_cli import _add_source_args, _source_kwargs
+from rollout.export_cli import (
+    _add_source_args,
+    _source_kwargs,
+    check_source,
+    exit_status,
+    fail,
+    read_errors,
+)
 
 
 def configure_flags(p: argparse.ArgumentParser) -> None:
     _add_source_args(p, parquet=True)
-    p.add_argument("--examples", type=int, default=3, help="example trace ids per flag")
+    p.add_argument("--examples", type=int, default=3, metavar="N",
+                   help="example trace ids (tr-..., as MLflow shows them) per flag (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--write-tags", action="store_true",
-                   help="--from mlflow: write flag.<name>=true trace tags back")  # fmt: skip
+                   help="--from mlflow: tag each flagged trace flag.<name>=true in MLflow "
+                   "(filter tags.`flag.truncated` = 'true' in the UI)")  # fmt: skip
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
+    if args.write_tags and args.source != "mlflow":
+        return fail("flags", f"--write-tags writes MLflow trace tags: it needs --from mlflow "
+                    f"(not --from {args.source})")  # fmt: skip
+    problem = check_source(args)
+    if problem:
+        return fail("flags", problem)
     from tracer.readers import read_tables
-    from tracer.readers.health import STEP_FLAGS, analyze
+    from tracer.readers.health import MEANINGS, STEP_FLAGS, analyze
 
     try:
-        tables = read_tables(args.source, **_source_kwargs(args))
-    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
-        print(f"rollout-tracer flags: error: {exc}", file=sys.stderr)
-        return 2
+        tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
+    except read_errors() as exc:
+        return fail("flags", str(exc), exit_status(exc))
     health = analyze(tables.trajectories.to_dict("records"))
     counts = health.counts()
     if args.write_tags:
-        if args.source != "mlflow":
-            print("rollout-tracer flags: --write-tags needs --from mlflow", file=sys.stderr)
-            return 2
         written = write_tags(args.tracking_uri, health.by_trace)
         print(f"wrote {written} flag tags (flag.<name>) to MLflow", file=sys.stderr)
     if args.json:
@@ -60,6 +71,8 @@ def cmd_flags(args: argparse.Namespace) -> int:
     if not counts:
         print(f"no health flags in {n} trajectories")
         return 0
+    validation = set(tables.trajectories.loc[tables.trajectories["validate"].astype(bool),
+                                             "trace_id"])  # fmt: skip
     print(f"health flags in {n} trajectories ({len(health.by_trace)} flagged):")
     for name, per_step in counts.items():
         level = "step" if name in STEP_FLAGS else "trajectory"
@@ -67,8 +80,13 @@ def cmd_flags(args: argparse.Namespace) -> int:
                                                          str(kv[0])))  # fmt: skip
         print(f"  {name:<28} {sum(per_step.values()):>5} trajectories ({level}; per step "
               f"{where})")  # fmt: skip
+        print(f"      {MEANINGS.get(name, '')}")
         for trace_id in health.examples(name, args.examples):
-            print(f"      {trace_id}  (step {health.step_of.get(trace_id)})")
+            kind = "validation" if trace_id in validation else "training"
+            print(f"      tr-{trace_id}  (step {health.step_of.get(trace_id)}, {kind})")
+    if args.source == "mlflow":
+        print("open a trace in the MLflow UI (rollout-tracer ui) by its tr- id; --write-tags "
+              "tags them flag.<name>")  # fmt: skip
     return 0
 
 

@@ -1,4 +1,13 @@
-"""Rewards: GSM8K-style final-answer match and a format reward, per trajectory and per turn."""
+"""Rewards: GSM8K-style final-answer match and a format reward, per trajectory and per turn.
+
+Two modes, as verl's GSM8K reward (``verl/utils/reward_score/gsm8k.py``):
+
+- ``strict`` (the default): the answer is the number after the last ``#### `` marker; a reply
+  without one is wrong, whatever numbers it holds (a reply cut off at the token limit usually
+  has none).
+- ``flexible``: the last ``#### x``, else the last ``\\boxed{x}``, else the last number outside
+  tool calls.
+"""
 
 from __future__ import annotations
 
@@ -27,30 +36,42 @@ def normalize_number(text: str) -> str | None:
     return repr(value)
 
 
-def extract_answer(text: str, strict: bool = False) -> str | None:
-    """The final answer in ``text``: the last ``#### x``, else the last ``\\boxed{x}``, else (unless
-    ``strict``) the last number outside tool calls. Normalized with :func:`normalize_number`."""
-    for pattern in (_HASH_RE, _BOXED_RE):
-        found = pattern.findall(text)
-        if found:
-            return normalize_number(found[-1])
-    if strict:
+MODES = ("strict", "flexible")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown reward mode {mode!r}; valid: {', '.join(MODES)} "
+                         "(e.g. reward.mode=flexible)")  # fmt: skip
+    return mode
+
+
+def extract_answer(text: str, mode: str = "strict") -> str | None:
+    """The final answer in ``text``, normalized with :func:`normalize_number`: the last
+    ``#### x``; in ``flexible`` mode, else the last ``\\boxed{x}``, else the last number
+    outside tool calls."""
+    check_mode(mode)
+    found = _HASH_RE.findall(text)
+    if found:
+        return normalize_number(found[-1])
+    if mode == "strict":
         return None
-    found = _ANY_NUM_RE.findall(_TOOL_CALL_RE.sub(" ", text))
+    found = _BOXED_RE.findall(text) or _ANY_NUM_RE.findall(_TOOL_CALL_RE.sub(" ", text))
     return normalize_number(found[-1]) if found else None
 
 
-def answer_reward(text: str, ground_truth: str | int | float) -> float:
-    """1.0 when the final answer equals ``ground_truth`` (numerically), else 0.0."""
-    got = extract_answer(text)
+def answer_reward(text: str, ground_truth: str | int | float, mode: str = "strict") -> float:
+    """1.0 when the final answer (:func:`extract_answer` in ``mode``) equals ``ground_truth``
+    numerically, else 0.0."""
+    got = extract_answer(text, mode)
     return 1.0 if got is not None and got == normalize_number(str(ground_truth)) else 0.0
 
 
 def format_reward(text: str) -> float:
-    """1.0 for an explicit final answer (``####`` or ``\\boxed{}``), 0.5 for a bare number."""
-    if extract_answer(text, strict=True) is not None:
+    """1.0 for a ``#### x`` final answer, 0.5 for only a ``\\boxed{}`` or a bare number."""
+    if extract_answer(text, "strict") is not None:
         return 1.0
-    return 0.5 if extract_answer(text) is not None else 0.0
+    return 0.5 if extract_answer(text, "flexible") is not None else 0.0
 
 
 @dataclass
@@ -75,17 +96,19 @@ def compute_reward(
     ground_truth: str | int | float,
     turn_texts: list[str] | None = None,
     format_weight: float = 0.1,
+    mode: str = "strict",
 ) -> dict[str, Any]:
     """Score a trajectory: ``score = accuracy + format_weight * format`` (accuracy is the
-    answer match of ``final_text``); ``turn_scores`` are per-assistant-turn answer matches."""
-    acc = answer_reward(final_text, ground_truth)
+    answer match of ``final_text`` in ``mode``: ``strict`` or ``flexible``); ``turn_scores``
+    are per-assistant-turn answer matches."""
+    acc = answer_reward(final_text, ground_truth, mode)
     fmt = format_reward(final_text)
-    turns = [answer_reward(t, ground_truth) for t in (turn_texts or [])]
+    turns = [answer_reward(t, ground_truth, mode) for t in (turn_texts or [])]
     return RewardResult(
         score=acc + format_weight * fmt,
         accuracy=acc,
         format=fmt,
-        answer=extract_answer(final_text),
+        answer=extract_answer(final_text, mode),
         ground_truth=str(ground_truth),
         turn_scores=turns,
     ).to_dict()

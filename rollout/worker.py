@@ -17,6 +17,7 @@ from typing import Any
 import tracer
 from rollout.agent_loop import SYSTEM_PROMPT, AgentLoopConfig, AgentLoopOutput, ToolAgentLoop
 from rollout.engines.base import Engine, SamplingParams
+from rollout.rewards import check_mode
 from rollout.tools import default_tools
 
 BUILTIN_PREFIX = "builtin://"
@@ -117,6 +118,7 @@ class RolloutWorker:
         rollout = config["actor_rollout_ref"]["rollout"]
         multi = rollout.get("multi_turn") or {}
         enable = bool(multi.get("enable", True))
+        reward = config.get("reward") or {}
         self.loop_config = AgentLoopConfig(
             max_assistant_turns=int(multi.get("max_assistant_turns", 4)) if enable else 1,
             prompt_length=int(rollout["prompt_length"]),
@@ -126,11 +128,12 @@ class RolloutWorker:
             use_tools=enable,
             interaction=multi.get("interaction") if enable else None,
             tool_choice=_as_list(multi.get("tool_choice") or "auto"),
+            reward_mode=check_mode(str(reward.get("mode", "strict"))),
+            format_weight=float(reward.get("format_weight", 0.1)),
         )
         tools = default_tools(multi.get("tools")) if enable else None
         self.agent = ToolAgentLoop(engine, tools, self.loop_config)
         self.n = int(rollout["n"])
-        self.reward_weight = float((config.get("reward") or {}).get("format_weight", 0.1))
         self.sampling = SamplingParams(
             max_tokens=int(rollout.get("max_tokens_per_turn") or rollout["response_length"]),
             temperature=float(rollout.get("temperature", 1.0)),

@@ -163,7 +163,7 @@ def test_destination_json_keeps_scheme_host_port_and_path(
     config = TraceConfig(backend=None, tracking_uri=destination, run_salt=SALT,
                          redact_patterns=[PASSWORD], otlp_headers={"api-key": API_KEY})  # fmt: skip
     spool = BackendSpool(str(tmp_path), "mlflow", f"{destination}#3", config, 1 << 20)
-    spool.write(['{"trace_id": "00"}'])
+    spool.write([b'{"trace_id": "00"}'])
     spool.release()
     _assert_nowhere({str(p): p.read_bytes().decode(errors="replace") for p in _files(tmp_path)})
     meta = json.loads((spool.dir / "destination.json").read_text())

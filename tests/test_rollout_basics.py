@@ -42,13 +42,27 @@ def test_parser_no_calls() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "answer"),
-    [("so #### 1,234", "1234"), ("\\boxed{42}", "42"), ("it is 3 then 7.", "7"),
-     ("#### 5 and later 9", "5"), ("$12.50 total #### 12.5", "12.5"), ("none", None),
-     ('<tool_call>{"a": 99}</tool_call> result 8', "8"), ("#### -3", "-3"), ("#### 4.0", "4")],
+    ("text", "strict", "flexible"),
+    [("so #### 1,234", "1234", "1234"), ("\\boxed{42}", None, "42"),
+     ("it is 3 then 7.", None, "7"), ("#### 5 and later 9", "5", "5"),
+     ("$12.50 total #### 12.5", "12.5", "12.5"), ("none", None, None),
+     ('<tool_call>{"a": 99}</tool_call> result 8', None, "8"), ("#### -3", "-3", "-3"),
+     ("#### 4.0", "4", "4"), ("#### 2 then #### 7", "7", "7")],
 )  # fmt: skip
-def test_extract_answer(text: str, answer: str | None) -> None:
-    assert extract_answer(text) == answer
+def test_extract_answer(text: str, strict: str | None, flexible: str | None) -> None:
+    assert extract_answer(text) == strict  # strict is the default, as verl's GSM8K reward
+    assert extract_answer(text, "flexible") == flexible
+
+
+def test_a_reply_without_a_final_answer_is_wrong_by_default() -> None:
+    """The default run's case: a validation reply cut off at the token limit, no ####."""
+    cut = "Let me think. 12 apples and 3 more make 15, then we give away 3"
+    assert compute_reward(cut, 15)["accuracy"] == 0.0
+    assert compute_reward(cut, 15)["score"] == pytest.approx(0.05)  # a bare number: format 0.5
+    assert compute_reward(cut, 15, mode="flexible")["accuracy"] == 0.0  # last number is 3
+    assert compute_reward("so it is 15", 15, mode="flexible")["accuracy"] == 1.0
+    with pytest.raises(ValueError, match="valid: strict, flexible"):
+        compute_reward("#### 1", 1, mode="lenient")
 
 
 def test_rewards_known_answers() -> None:
@@ -60,6 +74,7 @@ def test_rewards_known_answers() -> None:
     assert r["score"] == pytest.approx(1.1) and r["accuracy"] == 1.0
     assert r["turn_scores"] == [0.0, 1.0]
     assert compute_reward("8", 9)["score"] == pytest.approx(0.05)
+    assert compute_reward("9", 9)["score"] == pytest.approx(0.05)  # no "#### 9": wrong
 
 
 def test_dataset_loads_and_is_deterministic() -> None:

@@ -22,7 +22,7 @@ from tracer.config import TraceConfig
 from tracer.spool import BackendSpool
 spool = BackendSpool(sys.argv[1], "jsonl", "dest", TraceConfig(backend=None), 1 << 20)
 for i in range(3):
-    spool.write(['{"batch": %d}' % i])
+    spool.write([b'{"batch": %d}' % i])
 print("ready", flush=True)
 time.sleep(300)
 """
@@ -43,7 +43,7 @@ def test_live_owner_keeps_its_batches_dead_owner_is_replayed_even_with_our_pid(t
     try:
         mine = BackendSpool(str(root), "jsonl", "dest", TraceConfig(backend=None), 1 << 20)
         assert mine.orphans() == []  # another process holds them: hands off while it lives
-        own = mine.write(['{"mine": 1}'])
+        own = mine.write([b'{"mine": 1}'])
         assert own is not None and own not in mine.orphans()
     finally:
         writer.send_signal(signal.SIGKILL)
@@ -68,7 +68,7 @@ def test_live_owner_keeps_its_batches_dead_owner_is_replayed_even_with_our_pid(t
 def test_names_are_unique_per_init_and_files_are_owner_only(tmp_path: Path):
     a = BackendSpool(str(tmp_path), "jsonl", "dest", TraceConfig(backend=None), 1 << 20)
     b = BackendSpool(str(tmp_path), "jsonl", "dest", TraceConfig(backend=None), 1 << 20)
-    paths = [a.write(["{}"]), b.write(["{}"]), a.write(["{}"]), b.write(["{}"])]
+    paths = [a.write([b"{}"]), b.write([b"{}"]), a.write([b"{}"]), b.write([b"{}"])]
     assert len({p for p in paths if p is not None}) == 4
     for p in paths:
         assert p is not None and (p.stat().st_mode & 0o077) == 0

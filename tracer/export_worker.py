@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
 from tracer.errors import InternalErrors, log_every
+from tracer.outage import OutageLog
 from tracer.record import TrajectoryRecord
 from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
 
@@ -94,6 +95,7 @@ class ExportWorker:
     ) -> None:
         self.exporter = exporter
         self.name = exporter.name
+        self.outage = OutageLog(exporter.name, getattr(exporter, "destination", "") or "")
         # a byte-oriented backend writes the spool's lines; keep them in memory only for one
         self.wants_lines = type(exporter).export_encoded is not Exporter.export_encoded
         self.config = config
@@ -262,17 +264,12 @@ class ExportWorker:
             self.last_probe = time.monotonic()
             if result is ExportResult.FAILURE:
                 if not self.down:
-                    where = self.spool.dir if self.spool is not None else "memory only"
-                    log.error(
-                        "rollout-tracer: backend %s failed %d times in a row; its batches "
-                        "wait (%s) and are sent again when it answers",
-                        self.name, retries + 1, where)  # fmt: skip
+                    self.outage.went_down(retries + 1, self.spool.dir if self.spool else None)
                 self.down = True
                 self.next_probe = self.last_probe + self.config.replay_interval_s
                 return True
             if self.down:
-                log.warning("rollout-tracer: backend %s answers again; sending what waited",
-                            self.name)
+                self.outage.came_back(self.todo)
             self.down = False
             self._settle(batch)
             if result is ExportResult.REJECTED:
@@ -290,6 +287,7 @@ class ExportWorker:
     def _settle(self, batch: _Batch) -> None:
         """Take a batch off the line (caller holds ``cond``)."""
         self.todo.remove(batch)
+        self.outage.settled(batch, batch.n)
         if batch.records is not None:
             self.held -= batch.n
             self.held_bytes -= batch.nbytes
@@ -317,13 +315,8 @@ class ExportWorker:
                     result = self.exporter.export(batch, replay=replay)
             except Exception as exc:
                 result = ExportResult.FAILURE
-                key = f"export {self.name}"
-                self.errors.counts[key] += 1
-                if log_every(self.errors.counts[key]):
-                    log.warning(
-                        "rollout-tracer: export to %s raised %s: %s",
-                        self.name, type(exc).__name__, exc,
-                        exc_info=self.errors.counts[key] == 1)  # fmt: skip
+                self.errors.counts[f"export {self.name}"] += 1
+                self.outage.failed_attempt(exc)  # an outage: one line when down, no traceback
             if result is not ExportResult.FAILURE:
                 return result
             replay = True  # it may have been stored in part

@@ -22,7 +22,7 @@ from tracer.backends import create_exporter
 from tracer.backends.base import ExportResult, as_exporter
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
-from tracer.spool import BackendSpool, read_batch, spool_folders
+from tracer.spool import BackendSpool, read_batch, spool_folders, strip_credentials
 
 log = logging.getLogger("tracer")
 
@@ -45,10 +45,58 @@ class ReplayResult:
     replayed: dict[str, int] = field(default_factory=dict)  # backend folder -> trajectories
     failed: dict[str, str] = field(default_factory=dict)  # backend folder -> why
     left: dict[str, int] = field(default_factory=dict)  # batch files still waiting
+    # backend folder -> "<backend> -> <where>" (credentials stripped), for every folder seen
+    destinations: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.failed
+
+
+def destination_of(meta: dict[str, Any], overrides: dict[str, Any] | None = None) -> str:
+    """Where a spool folder's batches go, credentials stripped: the override, else what
+    destination.json says (its fields are read defensively: older and newer layouts differ)."""
+    raw = meta.get("config")
+    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    name = str(meta.get("backend", "?"))
+    where = None
+    if name == "mlflow":
+        where = (overrides or {}).get("tracking_uri") or config.get("tracking_uri")
+    elif name == "jsonl":
+        where = (overrides or {}).get("jsonl_path") or config.get("jsonl_path")
+    if not where:
+        where = str(meta.get("destination") or "")
+        if name == "mlflow":
+            where = where.rsplit("#", 1)[0]  # "<uri>#<experiment id>"
+    return strip_credentials(str(where or name))
+
+
+def destination_problem(meta: dict[str, Any], spool_dir: str,
+                        overrides: dict[str, Any] | None = None) -> str | None:
+    """Why a folder's batches must not be sent as they are, found before anything is sent: its
+    MLflow store no longer exists, or the project moved (the stored store lies outside the
+    project that holds this spool, which has a store of its own)."""
+    if meta.get("backend") != "mlflow" or (overrides or {}).get("tracking_uri"):
+        return None
+    from tracer.readers.mlflow_source import local_store_path
+
+    uri = destination_of(meta)
+    path = local_store_path(uri)
+    if not path or not uri.startswith("sqlite:"):
+        return None
+    hint = "replay into the store you mean with --tracking-uri URI"
+    if not os.path.isfile(path):
+        return f"the MLflow store {path} no longer exists; {hint}"
+    spool = os.path.realpath(spool_dir)
+    if spool.endswith(os.path.join(".rollout-tracer", "spool")):
+        project = os.path.dirname(os.path.dirname(spool))
+        here = os.path.join(project, os.path.basename(path))
+        stored = os.path.realpath(path)
+        if os.path.dirname(stored) != project and os.path.isfile(here) and here != stored:
+            return (f"this spool was written when the store was {path}, but this project "
+                    f"({project}) has its own {here}: it moved or was copied; {hint} (e.g. "
+                    f"--tracking-uri sqlite:///{here})")  # fmt: skip
+    return None
 
 
 def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
@@ -60,7 +108,16 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
     """
     result = ReplayResult()
     for folder, meta in spool_folders(spool_dir):
-        name = meta["backend"]
+        name = str(meta.get("backend", ""))
+        result.destinations[folder.name] = f"{name} -> {destination_of(meta, overrides)}"
+        problem = destination_problem(meta, spool_dir, overrides)
+        if problem:  # reported before anything is sent; the batches stay
+            result.failed[folder.name] = problem
+            continue
+        if not any(folder.glob("*.jsonl")):  # nothing waits: no backend to start
+            result.replayed[folder.name] = 0
+            result.left[folder.name] = 0
+            continue
         stored = dict(meta.get("config") or {})
         _full_addresses(stored)
         stored.update(overrides or {})

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +25,7 @@ from typing import Any
 from tracer.readers.health import Health, analyze
 from tracer.readers.rows import Rows, records_rows
 from tracer.readers.schema import TABLES, arrow_schema
+from tracer.readers.selection import NoTrajectories, StoreNotFound, no_match
 from tracer.readers.sources import Selection, iter_records, parse_steps
 from tracer.record import TrajectoryRecord
 
@@ -102,10 +106,47 @@ def export_pages(
     Step health flags need every trajectory of a step, so the trajectories table is written
     last: its rows wait in a temporary JSON-lines file next to the output (one small row per
     trajectory) while the other tables stream, and the few numbers the rules need are kept in
-    memory; then the rows are written with their ``flags``. The source is read once."""
+    memory; then the rows are written with their ``flags``. The source is read once.
+
+    The files are written under a staging folder in ``out`` and moved into place when all are
+    complete, so a failed export leaves the previous one as it was; nothing is created when the
+    source raises or ``pages`` is empty (:class:`NoTrajectories`)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
+    pages = iter(pages)
+    first = next(pages, None)  # a wrong source or an empty selection raises here, before any
+    if first is None:  # file is touched
+        raise NoTrajectories("no trajectories to export")
+    created = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
+    # Written under a staging folder and moved into place at the end: a run that fails half
+    # way leaves the previous export as it was.
+    stage = tempfile.mkdtemp(prefix=".export-partial-", dir=out)
+    try:
+        summary = _write_tables(itertools.chain([first], pages), stage, fmt, on_page,
+                                tokenizer, step_flags)
+        files = {}
+        for name, path in summary.files.items():
+            files[name] = os.path.join(out, os.path.basename(path))
+            os.replace(path, files[name])
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(out)  # only when empty: never what someone else put there
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
+    return ExportSummary(rows=summary.rows, pages=summary.pages, files=files)
+
+
+def _write_tables(
+    pages: Iterable[list[TrajectoryRecord]],
+    out: str,
+    fmt: str,
+    on_page: Callable[[int], None] | None,
+    tokenizer: Any,
+    step_flags: bool,
+) -> ExportSummary:
     files = {name: os.path.join(out, f"{name}.{fmt}") for name in TABLES}
     writers: dict[str, Any] = {
         name: _ParquetWriter(path, name) if fmt == "parquet" else _JsonlWriter(path)
@@ -221,10 +262,25 @@ def read_tables(
     steps: Sequence[int] | None = None,
     validate: bool | None = None,
     tokenizer: Any = None,
+    allow_empty: bool = True,
 ) -> Tables:
     """The tables as pandas DataFrames (everything in memory: for large runs export to
     Parquet and query it with DuckDB or polars). ``source="parquet"`` reads an export
-    directory ``path``."""
+    directory ``path``. A selection that matches nothing gives empty tables, or with
+    ``allow_empty=False`` raises :class:`NoTrajectories` saying what the source holds (what
+    the commands do)."""
+    try:
+        return _read_tables(source, experiment, tracking_uri, path, entity, steps, validate,
+                            tokenizer)  # fmt: skip
+    except NoTrajectories:
+        if not allow_empty:
+            raise
+        return rows_to_tables(Rows())
+
+
+def _read_tables(source: str, experiment: str | None, tracking_uri: str | None,
+                 path: str | None, entity: str | None, steps: Sequence[int] | None,
+                 validate: bool | None, tokenizer: Any) -> Tables:  # fmt: skip
     if source == "parquet":
         return read_parquet_dir(str(path), steps, validate)
     rows = Rows()
@@ -237,6 +293,9 @@ def read_tables(
         selection=Selection(steps, validate),
     ):
         rows.extend(records_rows(page, tokenizer))
+    if not rows.trajectories:  # a source that does not say so itself (weave)
+        raise no_match(f"{source} {experiment or path or ''}".strip(), Selection(steps, validate),
+                       None)  # fmt: skip
     apply_flags(rows.trajectories, analyze(rows.trajectories))
     return rows_to_tables(rows)
 
@@ -245,6 +304,11 @@ def read_parquet_dir(
     path: str, steps: Sequence[int] | None = None, validate: bool | None = None
 ) -> Tables:
     """Load an export directory written by :func:`export` (optionally filtered)."""
+    if not os.path.isfile(os.path.join(path, "trajectories.parquet")):
+        what = "is not an export folder (no trajectories.parquet)" if os.path.isdir(path) \
+            else "does not exist"
+        raise StoreNotFound(f"--path {path} {what}: --from parquet reads a folder written by "
+                            "`rollout-tracer export --format parquet --out FOLDER`")
     import pandas as pd
 
     frames: dict[str, Any] = {}
@@ -259,6 +323,10 @@ def read_parquet_dir(
         keep = keep[keep["step"].isin(list(steps))]
     if validate is not None:
         keep = keep[keep["validate"] == validate]
+    if keep.empty:
+        whole = frames["trajectories"]
+        raise no_match(path, Selection(steps, validate), None, [int(s) for s in
+                       whole["step"].dropna().unique()])  # fmt: skip
     ids = set(keep["trace_id"])
     frames["trajectories"] = keep
     for name in ("turns", "tool_calls", "tokens"):
@@ -269,6 +337,8 @@ def read_parquet_dir(
 __all__ = [
     "FORMATS",
     "ExportSummary",
+    "NoTrajectories",
+    "StoreNotFound",
     "Tables",
     "export",
     "export_pages",

@@ -52,6 +52,21 @@ TRAJECTORY_FLAGS = ("truncated", "tool_loop", "identical_turns", "tool_error_bur
 STEP_FLAGS = ("truncation_rate", "length_drift", "zero_variance_rising",
               "reward_without_accuracy", "reward_accuracy_divergence")  # fmt: skip
 FLAGS = TRAJECTORY_FLAGS + STEP_FLAGS
+# one line per rule, for people reading `rollout-tracer flags` (the rules: module docstring)
+MEANINGS = {
+    "truncated": "a generate call hit the token limit (finish_reason length)",
+    "tool_loop": "the same tool call, or the same reply, repeated 3+ times",
+    "identical_turns": "two consecutive assistant turns with the same text",
+    "tool_error_burst": "3+ consecutive tool calls failed",
+    "short_answer_high_reward": "a high reward for a final answer of a few characters",
+    "truncation_rate": "over 25% of the step's trajectories were truncated",
+    "length_drift": "mean response length moved 1.5x+ from the first step",
+    "zero_variance_rising": "more GRPO groups with all rewards equal (no learning signal) "
+                            "than at the first step",
+    "reward_without_accuracy": "the reward comes mostly from a non-accuracy part (e.g. format) "
+                               "while accuracy stays flat",
+    "reward_accuracy_divergence": "mean reward moved while accuracy did not follow",
+}
 TAG_PREFIX = "flag."  # MLflow trace tag of a flag: flag.<name> = "true"
 
 

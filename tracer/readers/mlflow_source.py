@@ -5,10 +5,11 @@ writer."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
-from tracer.readers.selection import PAGE_SIZE, Selection
+from tracer.readers.selection import PAGE_SIZE, Selection, StoreNotFound, no_match
 from tracer.record import KINDS, SpanRecord, TrajectoryRecord
 from tracer.token_lists import FULL_LISTS_ATTRIBUTE, restore_lists
 
@@ -31,20 +32,63 @@ def _filters(selection: Selection) -> list[str | None]:
     return [" AND ".join([f"tags.step = '{s}'", *clauses]) for s in selection.steps]
 
 
+HOW_TO_POINT = ("point at the store the run wrote with --tracking-uri (e.g. --tracking-uri "
+                "sqlite:////abs/path/mlflow.db; `rollout-tracer run` prints it) or "
+                "$MLFLOW_TRACKING_URI")
+
+
+def local_store_path(tracking_uri: str) -> str | None:
+    """The file (sqlite) or folder (file store) a local tracking URI names; None for servers
+    and databases elsewhere."""
+    if tracking_uri.startswith("sqlite:///"):
+        path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+        return path or None
+    if tracking_uri.startswith("file:"):
+        return tracking_uri[len("file://"):] if tracking_uri.startswith("file://") else \
+            tracking_uri[len("file:"):]
+    if "://" not in tracking_uri and not tracking_uri.startswith(("databricks", "postgresql")):
+        return tracking_uri  # a bare path: MLflow's file store folder
+    return None
+
+
+def check_store(tracking_uri: str) -> None:
+    """Raise :class:`StoreNotFound` when a local store is missing, before MLflow is imported:
+    MLflow's client would create an empty database (and its folder) where it looks."""
+    path = local_store_path(tracking_uri)
+    if path is None or path == ":memory:":
+        return
+    if tracking_uri.startswith("sqlite:") and not os.path.isfile(path):
+        what = "is a folder, not a database file" if os.path.isdir(path) else "does not exist"
+        raise StoreNotFound(f"no MLflow store at {tracking_uri} ({path} {what}); {HOW_TO_POINT}")
+    if not tracking_uri.startswith("sqlite:") and not os.path.isdir(path):
+        raise StoreNotFound(f"no MLflow store at {tracking_uri} (no folder {path}); "
+                            f"{HOW_TO_POINT}")  # fmt: skip
+
+
 def iter_mlflow(
     tracking_uri: str,
     experiment: str,
     selection: Selection | None = None,
     page_size: int = PAGE_SIZE,
 ) -> Iterator[list[TrajectoryRecord]]:
-    """Pages of records from an MLflow tracking store, ``page_size`` traces per request."""
+    """Pages of records from an MLflow tracking store, ``page_size`` traces per request.
+    Raises :class:`StoreNotFound` (no store there), ``ValueError`` (no such experiment: the
+    message lists those in the store) or :class:`NoTrajectories` (nothing matched)."""
+    check_store(tracking_uri)
+    selection = selection or Selection()
+    fast = _sqlite_pages(tracking_uri, experiment, selection, page_size)
+    if fast is not None:
+        yield from fast
+        return
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise ValueError(f"no MLflow experiment named {experiment!r} at {tracking_uri}")
-    for filter_string in _filters(selection or Selection()):
+        names = [e.name for e in client.search_experiments(max_results=50)]
+        raise ValueError(unknown_experiment(experiment, tracking_uri, names))
+    found = False
+    for filter_string in _filters(selection):
         token = None
         while True:
             page = client.search_traces(
@@ -55,10 +99,42 @@ def iter_mlflow(
             )
             records = [mlflow_to_record(t, experiment) for t in page]
             if records:
+                found = True
                 yield records
             token = page.token
             if not token:
                 break
+    if not found:
+        raise no_match(f"MLflow experiment {experiment!r} at {tracking_uri}", selection, None)
+
+
+def _sqlite_pages(tracking_uri: str, experiment: str, selection: Selection, page_size: int
+                  ) -> Iterator[list[TrajectoryRecord]] | None:  # fmt: skip
+    """Pages read from a sqlite store's tables (no MLflow import), or None: use the client."""
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    from tracer.readers.mlflow_sqlite import open_store
+
+    store = open_store(str(local_store_path(tracking_uri)))
+    if store is None:
+        return None
+    names = store.experiments()
+    if experiment not in names:
+        raise ValueError(unknown_experiment(experiment, tracking_uri, list(names)))
+    ids, steps = store.selected(names[experiment], selection)
+    if not ids:
+        raise no_match(f"MLflow experiment {experiment!r} at {tracking_uri}", selection, None,
+                       steps)  # fmt: skip
+    if not store.all_spans_here(ids):
+        return None
+    return ([mlflow_to_record(t, experiment) for t in page]
+            for page in store.pages(ids, page_size))
+
+
+def unknown_experiment(experiment: str, tracking_uri: str, names: list[str]) -> str:
+    listed = ", ".join(repr(n) for n in names) or "none"
+    return (f"no MLflow experiment named {experiment!r} at {tracking_uri}; experiments there: "
+            f"{listed} (--experiment is the tracer's project_name)")  # fmt: skip
 
 
 def _parse_tag(value: str | None) -> Any:

@@ -13,15 +13,18 @@ coloured by log-prob or KL.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import tempfile
 from html import escape
 from typing import Any
 
 from tracer.readers.export import Tables
 from tracer.readers.health import FLAGS, STEP_FLAGS, Health, analyze
 from tracer.readers.report_page import page
-from tracer.readers.svg import line_chart, strip_chart
+from tracer.readers.svg import RewardColors, line_chart, strip_chart
 from tracer.readers.token_report import token_panels, transcript_tokens
 
 MAX_TRANSCRIPTS = 2000
@@ -83,7 +86,7 @@ def _summary_panel(traj: Any, stats: Any) -> str:
     ]
     strip = strip_chart(points, _series(stats, "reward_mean"), "reward per trajectory, mean")
     return (
-        f'<section id="rewards"><h2>Reward distribution per step</h2>{strip}'
+        f'<section id="rewards"><h2>Training reward per step</h2>{strip}'
         '<table class="stats"><thead><tr><th>step</th><th>n</th><th>mean reward</th>'
         "<th>std</th><th>min</th><th>max</th><th>response tokens</th><th>turns</th>"
         f"<th>tool calls</th><th>tool success</th></tr></thead><tbody>{rows}</tbody></table>"
@@ -99,7 +102,7 @@ def _trends_panel(stats: Any) -> str:
         line_chart({"success": _series(stats, "tool_success")}, "tool-call success rate"),
     ]
     return (
-        '<section id="trends"><h2>Over steps</h2><div class="charts">'
+        '<section id="trends"><h2>Training over steps</h2><div class="charts">'
         + "".join(f'<div class="chart">{c}</div>' for c in charts)
         + "</div></section>"
     )
@@ -126,7 +129,7 @@ def grpo_groups(traj: Any) -> list[dict[str, Any]]:
     return groups
 
 
-def _groups_panel(groups: list[dict[str, Any]]) -> str:
+def _groups_panel(groups: list[dict[str, Any]], color: RewardColors) -> str:
     flagged = sum(g["zero_advantage"] for g in groups)
     steps = sorted({g["step"] for g in groups})[-MAX_GROUP_STEPS:]
     parts = []
@@ -135,7 +138,7 @@ def _groups_panel(groups: list[dict[str, Any]]) -> str:
         in_step = [g for g in groups if g["step"] == step]
         for g in in_step:
             cells = "".join(
-                f'<td class="cell" data-trace="{escape(tid)}" style="background:{_color(r)}" '
+                f'<td class="cell" data-trace="{escape(tid)}" style="background:{color(r)}" '
                 f'title="rollout {n}: reward {_f(r)}">{_f(r, 2)}</td>'
                 for tid, n, r in g["samples"]
             )
@@ -146,14 +149,19 @@ def _groups_panel(groups: list[dict[str, Any]]) -> str:
                 f"<td class=prompt>{escape(_short(g['prompt']))}</td>{flag}{cells}</tr>"
             )
         n_zero = sum(g["zero_advantage"] for g in in_step)
+        width = max(len(g["samples"]) for g in in_step)
+        head = "<th>sample</th><th>prompt</th><th>advantage</th>" + "".join(
+            f"<th>rollout {k}</th>" for k in range(width))
         parts.append(
             f'<details{" open" if i == 0 else ""} data-step="{step}"><summary>step {step}: '
             f"{len(in_step)} groups, {n_zero} with zero advantage</summary>"
-            f'<table class="groups">{"".join(rows)}</table></details>'
+            f'<table class="groups"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></details>'
         )
     return (
         '<section id="groups"><h2>GRPO groups</h2><p>All rollouts of a prompt side by side '
         "(click a reward for its transcript). "
+        f"{color.legend()}"
         f'<b><span id="zero-adv-count">{flagged}</span> of <span id="group-count">'
         f"{len(groups)}</span> groups</b> have all rewards equal: zero advantage.</p>"
         + "".join(parts)
@@ -161,19 +169,12 @@ def _groups_panel(groups: list[dict[str, Any]]) -> str:
     )
 
 
-def _color(r: float | None) -> str:
-    if r is None:
-        return "#e5e7eb"
-    t = max(0.0, min(1.0, r))
-    red, green = int(254 - 120 * t), int(226 + 20 * t - 10 * (1 - t))
-    return f"rgb({red},{green},{int(226 - 100 * t)})"
-
-
 def _prompts_panel(traj: Any) -> str:
     df = traj[traj["step"].notna() & traj["prompt"].notna()]
     if df.empty:
         return ""
     by = df.groupby(["prompt", "step"])["reward"].agg(["mean", "count"]).reset_index()
+    color = RewardColors(by["mean"])
     spread = by.groupby("prompt")["step"].nunique()
     prompts = spread[spread > 1].sort_values(ascending=False).index[:MAX_PROMPTS]
     if len(prompts) == 0:
@@ -187,7 +188,7 @@ def _prompts_panel(traj: Any) -> str:
     for prompt in prompts:
         sub = by[by["prompt"] == prompt].set_index("step")
         cells = "".join(
-            f'<td style="background:{_color(float(sub.loc[s, "mean"]))}">'
+            f'<td style="background:{color(float(sub.loc[s, "mean"]))}">'
             f"{_f(sub.loc[s, 'mean'], 2)} <small>n={int(sub.loc[s, 'count'])}</small></td>"
             if s in sub.index
             else "<td></td>"
@@ -195,8 +196,9 @@ def _prompts_panel(traj: Any) -> str:
         )
         rows.append(f"<tr><td class=prompt>{escape(_short(prompt, 70))}</td>{cells}</tr>")
     return (
-        '<section id="prompts"><h2>Same prompt across steps</h2><p>Mean reward of each prompt '
-        f"seen in several steps.</p><table class=groups><thead><tr><th>prompt</th>{head}</tr>"
+        '<section id="prompts"><h2>Same prompt across steps</h2><p>Mean training reward of each '
+        f"prompt seen in several steps.</p>{color.legend()}"
+        f"<table class=groups><thead><tr><th>prompt</th>{head}</tr>"
         f"</thead><tbody>{''.join(rows)}</tbody></table></section>"
     )
 
@@ -287,30 +289,84 @@ def _num(v: Any) -> float | int | None:
     return int(f) if f.is_integer() else f
 
 
-def build_report(tables: Tables, title: str = "rollout-tracer report") -> str:
-    """The report as one HTML string."""
+def report_title(traj: Any) -> str:
+    """``Rollout report: <experiment> / <experiment_name>`` from the data itself."""
+    names = []
+    for column in ("experiment", "experiment_name"):
+        values = sorted({str(v) for v in traj[column].dropna() if str(v)}) if len(traj) else []
+        if values:
+            names.append(", ".join(values[:3]) + (" …" if len(values) > 3 else ""))
+    return "Rollout report: " + " / ".join(names) if names else "Rollout report"
+
+
+def _validation_panel(val: Any) -> str:
+    """Validation passes: their own table and curve (never mixed into the training numbers)."""
+    if not len(val):
+        return ('<section id="validation"><h2>Validation</h2><p>No validation rollouts '
+                "(traced with <code>validate=True</code>).</p></section>")  # fmt: skip
+    stats = step_stats(val)
+    rows = "".join(
+        f'<tr data-step="{int(step)}"><td>{int(step)}</td><td>{int(r.n)}</td>'
+        f'<td class="mean-reward">{_f(r.reward_mean)}</td><td>{_f(r.reward_min)}</td>'
+        f"<td>{_f(r.reward_max)}</td><td>{_f(r.response_tokens, 1)}</td>"
+        f"<td>{_f(r.turns, 2)}</td></tr>"
+        for step, r in stats.iterrows()
+    )
+    chart = line_chart({"validation": _series(stats, "reward_mean")}, "validation mean reward")
+    return (
+        '<section id="validation"><h2>Validation</h2><p>One row per validation pass (the fixed '
+        f'validation set, at the step it ran).</p><div class="chart">{chart}</div>'
+        '<table class="stats"><thead><tr><th>step</th><th>n</th><th>mean reward</th>'
+        "<th>min</th><th>max</th><th>response tokens</th><th>turns</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></section>"
+    )
+
+
+def build_report(tables: Tables, title: str | None = None) -> str:
+    """The report as one HTML string (``title`` default: :func:`report_title`). Training
+    rollouts make the per-step panels; validation rollouts have their own section."""
     traj = tables.trajectories
-    stats = step_stats(traj)
-    groups = grpo_groups(traj)
-    mean = traj["reward"].mean() if len(traj) else None
+    title = title or report_title(traj)
+    is_val = traj["validate"].fillna(False).astype(bool) if len(traj) else traj["validate"]
+    train, val = traj[~is_val], traj[is_val]
+    stats = step_stats(train)
+    groups = grpo_groups(train)
+    mean = train["reward"].mean() if len(train) else None
+    passes = val["step"].nunique() if len(val) else 0
     header = (
-        f'<p class="meta"><span id="n-traj">{len(traj)}</span> trajectories, '
-        f"{len(stats)} steps, {int(traj['validate'].sum()) if len(traj) else 0} validation; "
-        f"mean reward {_f(mean)}.</p>"
+        f'<p class="meta"><span id="n-steps">{len(stats)}</span> training steps, '
+        f'<span id="n-traj">{len(train)}</span> training trajectories, mean reward '
+        f'{_f(mean)}; <span id="n-val-passes">{passes}</span> validation passes '
+        f'(<span id="n-val">{len(val)}</span> trajectories).</p>'
     )
     body = header + (
-        _summary_panel(traj, stats) + _trends_panel(stats) if len(stats) else "<p>No steps.</p>"
+        _summary_panel(train, stats) + _trends_panel(stats) if len(stats)
+        else "<p>No training steps.</p>"
     )
+    body += _validation_panel(val)
     tokens_html, token_meta = token_panels(tables)
-    body += _groups_panel(groups) + _prompts_panel(traj) + tokens_html
+    colors = RewardColors(train["reward"])
+    body += _groups_panel(groups, colors) + _prompts_panel(train) + tokens_html
     health = analyze(traj.to_dict("records"))
     linked = {t for name in FLAGS for t in health.examples(name, MAX_FLAG_EXAMPLES)}
     body = _health_panel(health, MAX_FLAG_EXAMPLES) + body
     return page(title, body, transcripts(tables, include=linked), token_meta)
 
 
-def write_report(tables: Tables, out: str, title: str = "rollout-tracer report") -> str:
-    """Write :func:`build_report` to ``out``; returns ``out``."""
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(build_report(tables, title))
+def write_report(tables: Tables, out: str, title: str | None = None) -> str:
+    """Write :func:`build_report` to ``out``; returns ``out``. The page is written under a
+    temporary name next to ``out`` and renamed when complete: a failure leaves ``out`` as it
+    was."""
+    html = build_report(tables, title)
+    folder = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the report private
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return out

@@ -51,9 +51,17 @@ function el(tag, cls, text) {
   const e = document.createElement(tag); if (cls) e.className = cls;
   if (text !== undefined) e.textContent = text; return e;
 }
+// chat-template tokens (<|im_end|>, <|eot_id|>...) are hidden unless asked for
+const SPECIAL = /<\\|[A-Za-z0-9_.:-]{1,40}\\|>/g;
+const special = document.getElementById('show-special');
+function clean(text) {
+  if (text == null) return '';
+  const s = String(text);
+  return special && special.checked ? s : s.replace(SPECIAL, '');
+}
 function block(cls, role, text) {
   const d = el('div', 'msg ' + cls); d.appendChild(el('div', 'role', role));
-  d.appendChild(el('pre', '', text == null ? '' : String(text))); return d;
+  d.appendChild(el('pre', '', clean(text))); return d;
 }
 const META = JSON.parse(document.getElementById('token-meta').textContent);
 const STOPS = [[255,255,255],[254,230,140],[253,141,60],[227,26,28],[128,0,38]];
@@ -69,6 +77,8 @@ function tokenBlock(head, toks) {
   d.appendChild(el('div', 'role', `${head} · coloured by ${m.label}`));
   const line = el('div', 'toks');
   for (const t of toks) {
+    if (!(special && special.checked) && typeof t[0] === 'string' && t[0].match(SPECIAL)
+        && t[0].replace(SPECIAL, '') === '') continue;
     const v = t[col];
     const s = el('span', v == null ? 'tok none' : 'tok', t[0]);
     if (v != null) {
@@ -104,6 +114,7 @@ function show(id) {
   box.appendChild(el('div', 'reward', `reward: ${t.reward}`));
 }
 sel.addEventListener('change', () => show(sel.value));
+if (special) special.addEventListener('change', () => show(sel.value));
 document.querySelectorAll('[data-trace]').forEach(node => node.addEventListener('click', ev => {
   ev.preventDefault();
   show(node.dataset.trace);
@@ -141,6 +152,8 @@ def page(
     colour = f' Colour tokens by <select id="tok-metric">{options}</select>' if options else ""
     viewer = (
         f'<section id="viewer"><h2>Transcript</h2><select id="pick"></select>{colour}'
+        ' <label><input type="checkbox" id="show-special"> show special tokens '
+        "(<code>&lt;|im_end|&gt;</code>...)</label>"
         f"<p class=meta>{len(transcripts)} trajectories embedded.</p>"
         '<div id="transcript"></div></section>'
     )

@@ -8,11 +8,12 @@ library only when used). Readers depend on stored data only, never on a backend'
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 from tracer.annotations import RECORD_TYPE, AnnotationRecord, apply_to_record
-from tracer.readers.mlflow_source import iter_mlflow, mlflow_to_record
-from tracer.readers.selection import PAGE_SIZE, Selection, parse_steps
+from tracer.readers.mlflow_source import check_store, iter_mlflow, mlflow_to_record
+from tracer.readers.selection import PAGE_SIZE, Selection, StoreNotFound, no_match, parse_steps
 from tracer.readers.verl_dump import iter_verl_dump
 from tracer.readers.weave_source import iter_weave, weave_to_record
 from tracer.record import TrajectoryRecord, read_jsonl
@@ -34,11 +35,17 @@ def iter_jsonl(
     selection = selection or Selection()
     annotations = _annotation_offsets(path)
     page: list[TrajectoryRecord] = []
+    found = False
+    steps: set[object] = set()
+    experiments: set[str] = set()
     for record in read_jsonl(path):
+        steps.add(record.step)
+        experiments.update((record.project_name, record.experiment_name))
         if experiment and experiment not in (record.project_name, record.experiment_name):
             continue
         if not selection.keeps(record):
             continue
+        found = True
         if record.trace_id in annotations:
             _merge_annotations(path, record, annotations[record.trace_id])
         page.append(record)
@@ -47,6 +54,8 @@ def iter_jsonl(
             page = []
     if page:
         yield page
+    if not found:
+        raise no_match(path, selection, experiment, steps, experiments)
 
 
 _ANNOTATION_MARK = f'"record_type": "{RECORD_TYPE}"'.encode()
@@ -97,10 +106,17 @@ def iter_records(
         if not experiment:
             raise ValueError("--experiment is required with --from mlflow")
         uri = tracking_uri or _default_tracking_uri()
+        check_store(uri)  # now, not at the first page: before any output is opened
         return iter_mlflow(uri, experiment, selection, page_size)
     if source == "jsonl":
         if not path:
-            raise ValueError("--path FILE is required with --from jsonl")
+            raise ValueError("--path FILE is required with --from jsonl (the tracer's "
+                             "jsonl_path, e.g. --path traces/rollout-tracer/default.jsonl)")
+        if not os.path.isfile(path):
+            what = "is a folder" if os.path.isdir(path) else "does not exist"
+            raise StoreNotFound(f"--path {path} {what}: --from jsonl reads the JSONL file the "
+                                "tracer wrote (its jsonl_path; default "
+                                "./traces/<project_name>/<experiment_name>.jsonl)")
         return iter_jsonl(path, selection, experiment, page_size)
     if source == "weave":
         if not experiment:
@@ -111,12 +127,14 @@ def iter_records(
         if not path:
             raise ValueError("--path DIR (verl's trainer.rollout_data_dir) is required with "
                              "--from verl-dump")  # fmt: skip
+        if not os.path.isdir(path):
+            raise StoreNotFound(f"--path {path} is not a folder: --from verl-dump reads the "
+                                "folder verl's trainer.rollout_data_dir names (<step>.jsonl "
+                                "files)")  # fmt: skip
         return iter_verl_dump(path, selection, experiment, page_size)
     raise ValueError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
 
 
 def _default_tracking_uri() -> str:
-    import os
-
     env = os.environ.get("MLFLOW_TRACKING_URI")
     return env or f"sqlite:///{os.path.abspath('mlflow.db')}"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from html import escape
+from typing import Any
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
 W, H = 460, 240
@@ -210,6 +212,40 @@ def color_legend(vmax: float, label: str) -> str:
     )
 
 
+# red -> amber -> yellow -> green: neighbouring values stay apart on any display
+_RAMP = [(220, 38, 38), (249, 115, 22), (250, 204, 21), (163, 230, 53), (22, 163, 74)]
+
+
+class RewardColors:
+    """Colours by rank among the distinct rewards of the report, not by value: rewards of 0.00
+    and 0.05 (a format bonus) get clearly different colours even beside rewards of 1.05; the
+    legend says which colour is which value."""
+
+    def __init__(self, rewards: Any) -> None:
+        self.values = sorted({round(float(r), 6) for r in rewards if r is not None and r == r})
+
+    def __call__(self, r: float | None) -> str:
+        if r is None or r != r or not self.values:
+            return "#e5e7eb"
+        rank = bisect.bisect_left(self.values, round(float(r), 6))
+        t = rank / (len(self.values) - 1) if len(self.values) > 1 else 1.0
+        t = max(0.0, min(1.0, t)) * (len(_RAMP) - 1)
+        i = min(int(t), len(_RAMP) - 2)
+        f = t - i
+        rgb = (round(a + (b - a) * f) for a, b in zip(_RAMP[i], _RAMP[i + 1], strict=True))
+        return "rgb({},{},{})".format(*rgb)
+
+    def legend(self, limit: int = 9) -> str:
+        values = self.values
+        if len(values) > limit:  # many distinct rewards: show evenly spaced ones
+            step = (len(values) - 1) / (limit - 1)
+            values = [values[round(i * step)] for i in range(limit)]
+        swatches = "".join(
+            f'<span class="swatch" style="background:{self(v)}">{f"{v:.2f}"}</span>' for v in values
+        )
+        return f'<p class="legend">reward colours (by rank of the distinct rewards): {swatches}</p>'
+
+
 CSS = """
 svg text.t{font:600 13px sans-serif;text-anchor:middle;fill:#111}
 svg text.yl{font:11px sans-serif;text-anchor:end;fill:#555}
@@ -217,4 +253,6 @@ svg text.xl{font:11px sans-serif;text-anchor:middle;fill:#555}
 svg text.lg{font:11px sans-serif;fill:#333}
 svg line.g{stroke:#e5e7eb} svg line.a{stroke:#9ca3af}
 svg text.rowlabel{cursor:pointer} svg text.rowlabel:hover{fill:#2563eb}
+.legend .swatch{display:inline-block;padding:0 6px;margin:0 2px;border-radius:3px;
+  font:12px monospace}
 """

@@ -230,7 +230,9 @@ def iter_weave(
         roots = _query(server, project_id, {"trace_roots_only": True}, page_size, offset,
                        _ROOT_COLUMNS)  # fmt: skip
         if not roots and offset == 0:
-            raise ValueError(f"no calls in Weave project {project_id}")
+            raise ValueError(f"no calls in Weave project {project_id} (--experiment "
+                             "[entity/]name: the tracer's project_name; the entity: --entity "
+                             "or $WANDB_ENTITY)")  # fmt: skip
         offset += len(roots)
         done = not roots  # not "fewer than asked": a server may cap the page size
         for root in roots:
