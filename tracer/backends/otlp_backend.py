@@ -75,13 +75,14 @@ class OtlpExporter(Exporter):
         from opentelemetry.sdk.resources import Resource
 
         self.config = config
-        self.resource = Resource.create(
-            {
-                "service.name": config.project_name,
-                "rollout_tracer.experiment_name": config.experiment_name,
-                "rollout_tracer.worker_id": config.worker_id,
-            }
-        )
+        resource = {
+            "service.name": config.project_name,
+            "rollout_tracer.experiment_name": config.experiment_name,
+            "rollout_tracer.worker_id": config.worker_id,
+        }
+        if "openinference" in config.otlp_conventions:  # Phoenix files traces by this project
+            resource["openinference.project.name"] = config.project_name
+        self.resource = Resource.create(resource)
         if span_exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
