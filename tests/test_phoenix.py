@@ -166,7 +166,9 @@ def test_phoenix_reads_the_rollout(traced: tuple[str, list[dict[str, Any]]]) -> 
             assert a["llm.token_count.completion"] == 5
 
         # the tool calls: arguments and results, in order
-        tools = sorted((s for s in trace if s["span_kind"] == "TOOL"), key=lambda s: s["start_time"])
+        tools = sorted(
+            (s for s in trace if s["span_kind"] == "TOOL"), key=lambda s: s["start_time"]
+        )
         results = [m for m in conversation if m["role"] == "tool"]
         calls = [c for m in conversation for c in m.get("tool_calls", [])]
         for span, call, result in zip(tools, calls, results, strict=True):
@@ -200,7 +202,9 @@ def test_phoenix_ui_shows_the_trajectory(
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.set_default_timeout(120_000)
         try:
-            page.goto(f"{url}/projects/{project_id}/traces/{trace_id}?selectedSpanNodeId={llm['id']}")
+            page.goto(
+                f"{url}/projects/{project_id}/traces/{trace_id}?selectedSpanNodeId={llm['id']}"
+            )
             page.get_by_text(tool_rollout.QUESTION).first.wait_for()
             page.get_by_text("Now add four.").first.wait_for()
             page.wait_for_timeout(1000)  # let the last pane finish rendering
