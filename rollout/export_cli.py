@@ -43,7 +43,8 @@ def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
 def configure_export(p: argparse.ArgumentParser) -> None:
     _add_source_args(p)
     p.add_argument("--out", required=True, help="output folder: trajectories/turns/tool_calls")
-    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl"])
+    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "inspect"],
+                   help="inspect: an Inspect eval log per step (inspect view, Docent)")  # fmt: skip
     p.add_argument("--page-size", type=int, default=500, help="trajectories per page/row group")
 
 
@@ -61,9 +62,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     bar = tqdm(desc="exporting", unit="traj", disable=args.no_progress)
+    if args.format == "inspect":
+        return _export_inspect(args, bar, t0)
     try:
-        summary = export(args.source, args.out, fmt=args.format, page_size=args.page_size,
-                         on_page=bar.update, **_source_kwargs(args))
+        summary = export(
+            args.source,
+            args.out,
+            fmt=args.format,
+            page_size=args.page_size,
+            on_page=bar.update,
+            **_source_kwargs(args),
+        )
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         bar.close()
         print(f"rollout-tracer export: error: {exc}", file=sys.stderr)
@@ -72,6 +81,31 @@ def cmd_export(args: argparse.Namespace) -> int:
     rows = ", ".join(f"{n} {name}" for name, n in summary.rows.items())
     print(f"exported {rows} in {summary.pages} pages, {time.perf_counter() - t0:.1f} s:")
     for path in summary.files.values():
+        print(f"  {path}")
+    return 0
+
+
+def _export_inspect(args: argparse.Namespace, bar: Any, t0: float) -> int:
+    from tracer.readers import Selection, iter_records
+    from tracer.readers.inspect_log import export_inspect
+
+    kwargs = _source_kwargs(args)
+    try:
+        pages = iter_records(
+            args.source, experiment=kwargs["experiment"], tracking_uri=kwargs["tracking_uri"],
+            path=kwargs["path"], entity=kwargs["entity"], page_size=args.page_size,
+            selection=Selection(kwargs["steps"], kwargs["validate"]),
+        )  # fmt: skip
+        summary = export_inspect(pages, args.out, on_page=bar.update)
+    except (ValueError, NotImplementedError, FileNotFoundError, ImportError) as exc:
+        bar.close()
+        print(f"rollout-tracer export: error: {exc}", file=sys.stderr)
+        return 2
+    bar.close()
+    n = sum(summary.files.values())
+    print(f"exported {n} trajectories as {len(summary.files)} Inspect logs in "
+          f"{time.perf_counter() - t0:.1f} s (inspect view --log-dir {args.out}):")  # fmt: skip
+    for path in summary.files:
         print(f"  {path}")
     return 0
 

@@ -119,3 +119,54 @@ def reply_message(span: SpanRecord, parsed: dict[str, Any]) -> dict[str, Any] | 
     if calls:
         reply["tool_calls"] = calls
     return reply
+
+
+def conversation(record: TrajectoryRecord) -> list[tuple[dict[str, Any], SpanRecord | None]]:
+    """The trajectory's whole chat, each message with the span it came from (a generate span
+    for the assistant's replies, a tool span for tool results, else None).
+
+    The conversation so far is the last generate span's input ``messages`` plus its reply;
+    the earlier replies are matched to the earlier generate spans in order. A trajectory whose
+    generate spans hold no messages (token ids only) becomes the decoded prompt, then each
+    reply followed by the results of the tool spans after it."""
+    parsed = parsed_tool_calls(record)
+    gens = [s for s in record.spans if s.kind == "generate"]
+    tools = [s for s in record.spans if s.kind == "tool"]
+    with_messages = [s for s in gens if isinstance(_inputs(s).get("messages"), list)]
+    out: list[tuple[dict[str, Any], SpanRecord | None]] = []
+    if with_messages:
+        last = with_messages[-1]
+        messages = [m for m in _inputs(last)["messages"] if isinstance(m, dict)]
+        replies = iter(gens)
+        results = (
+            iter(tools) if sum(m.get("role") == "tool" for m in messages) == len(tools) else None
+        )
+        for i, message in enumerate(messages):
+            msg = chat_message(message, i)
+            source = None
+            if msg["role"] == "assistant":
+                source = next(replies, None)
+            elif msg["role"] == "tool" and results is not None:
+                source = next(results, None)
+            out.append((msg, source))
+        reply = reply_message(last, parsed)
+        if reply is not None:
+            out.append((chat_message(reply, len(messages)), last))
+        return out
+    first = gens[0] if gens else None
+    prompt = first.attributes.get("prompt_text") if first is not None else None
+    if isinstance(prompt, str):
+        out.append(({"role": "user", "content": prompt}, None))
+    for span in record.spans:
+        if span.kind == "generate":
+            reply = reply_message(span, parsed)
+            if reply is not None:
+                out.append((chat_message(reply, len(out)), span))
+        elif span.kind == "tool":
+            content = span.outputs if isinstance(span.outputs, str) else dumps(span.outputs)
+            out.append(({"role": "tool", "content": content}, span))
+    return out
+
+
+def _inputs(span: SpanRecord) -> dict[str, Any]:
+    return span.inputs if isinstance(span.inputs, dict) else {}
