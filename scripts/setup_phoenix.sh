@@ -11,7 +11,8 @@
 # and only starts the server from here.
 #
 # Idempotent: a stamp file records what was installed; a rerun with the same pin only checks
-# that the server imports (a few seconds). PHOENIX_SETUP_FORCE=1 reinstalls.
+# that the package and its `phoenix` command are there (a second). PHOENIX_SETUP_FORCE=1
+# reinstalls. A fresh install took 621-654 s on a 2-core machine at load ~14 (853 MB).
 set -euo pipefail
 
 SECONDS=0
@@ -35,7 +36,8 @@ pip_run() {  # minus this machine kind's noise about local index pages that do n
 }
 
 if [[ "${PHOENIX_SETUP_FORCE:-0}" != "1" && -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
-        && "$PY" -c "import phoenix.server.main" >/dev/null 2>&1; then
+        && [[ -x "$VENV/bin/phoenix" ]] \
+        && "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('phoenix') is None)"; then
     log "arize-phoenix==$PHOENIX_VERSION already installed (stamp matches)"
 else
     rm -f "$STAMP"
