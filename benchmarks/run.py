@@ -29,6 +29,7 @@ SECTIONS = {
     "cpu": 600,  # benchmarks/cpu.py: ours vs the OpenTelemetry SDK, whole-process CPU
     "export": 900,  # benchmarks/bench_export.py, appended as section 5
     "readers": 600,  # benchmarks/bench_readers.py, appended as section 6
+    "otlp_attrs": 600,  # benchmarks/otlp_attrs.py, appended as section 7
 }
 
 
@@ -55,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         # One empty, migrated MLflow store, copied by every section (migrations take seconds).
         mlflow_store(tmp, "template-source.db")
         for name in names:
-            if name in ("export", "readers"):
-                continue  # their own scripts, run after the others (sections 5 and 6)
+            if name in ("export", "readers", "otlp_attrs"):
+                continue  # their own scripts, run after the others (sections 5, 6 and 7)
             print(f"[benchmarks] {name} ...", file=sys.stderr, flush=True)
             args = ["--quick"] if a.quick else []
             results[name] = run_section(name, args, SECTIONS[name])
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         text += _export_section(a.quick)
     if "readers" in names:
         text += _readers_section(a.quick)
+    if "otlp_attrs" in names:
+        text += _otlp_attrs_section(a.quick)
     out.write_text(text)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
@@ -114,6 +117,31 @@ def _readers_section(quick: bool) -> str:
             return f"\n## 6. Reader commands\n\nfailed: {proc.stderr[-1000:]}\n"
         body = md.read_text().split("\n", 1)[1]
     return "\n## 6. Reader commands (`export`, `report`, `flags`, `replay`)\n" + body
+
+
+def _otlp_attrs_section(quick: bool) -> str:
+    """Section 7: what the OTLP semantic-convention attributes cost, from otlp_attrs.py."""
+    import subprocess
+
+    from benchmarks.otlp_attrs import markdown
+
+    print("[benchmarks] otlp_attrs ...", file=sys.stderr, flush=True)
+    title = "\n## 7. OTLP attributes per trajectory (`python -m benchmarks.otlp_attrs`)\n\n"
+    with tempfile.TemporaryDirectory(prefix="bench-otlp-") as tmp:
+        out = Path(tmp) / "otlp.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.otlp_attrs", "--json", str(out)]
+            + (["--quick"] if quick else []),
+            capture_output=True, text=True, cwd=ROOT, timeout=SECTIONS["otlp_attrs"],
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return f"{title}Section failed: {proc.stderr[-1000:]}\n"
+        result = json.loads(out.read_text())
+    return (
+        f"{title}{result['n']} trajectories (8 spans each, the workload of benchmarks/cpu.py) "
+        f"turned into OTLP protobuf bytes; CPU time per trajectory, median of {result['reps']} "
+        "repeats.\n\n" + markdown(result)
+    )
 
 
 if __name__ == "__main__":

@@ -77,8 +77,9 @@ def configure_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="FOLDER", help="output folder: "
                    "trajectories, turns, tool_calls and tokens tables (replaced only when the "
                    "export succeeds)")  # fmt: skip
-    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl"],
-                   help="table file format (default parquet)")
+    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "inspect"],
+                   help="table file format (default parquet); inspect: an Inspect eval log per "
+                   "step (inspect view, Docent)")  # fmt: skip
     p.add_argument("--page-size", type=int, default=500, metavar="N",
                    help="trajectories per page/row group (default 500)")
 
@@ -165,6 +166,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     bar = tqdm(desc="exporting", unit="traj", disable=args.no_progress)
+    if args.format == "inspect":
+        return _export_inspect(args, bar, t0)
     try:
         summary = export(args.source, args.out, fmt=args.format, page_size=args.page_size,
                          on_page=bar.update, **_source_kwargs(args))
@@ -175,6 +178,31 @@ def cmd_export(args: argparse.Namespace) -> int:
     rows = ", ".join(f"{n} {name}" for name, n in summary.rows.items())
     print(f"exported {rows} in {summary.pages} pages, {time.perf_counter() - t0:.1f} s:")
     for path in summary.files.values():
+        print(f"  {path}")
+    return 0
+
+
+def _export_inspect(args: argparse.Namespace, bar: Any, t0: float) -> int:
+    from tracer.readers import Selection, iter_records
+    from tracer.readers.inspect_log import export_inspect
+
+    kwargs = _source_kwargs(args)
+    errors = (*read_errors(), ImportError)  # ImportError: inspect-ai is not installed
+    try:
+        pages = iter_records(
+            args.source, experiment=kwargs["experiment"], tracking_uri=kwargs["tracking_uri"],
+            path=kwargs["path"], entity=kwargs["entity"], page_size=args.page_size,
+            selection=Selection(kwargs["steps"], kwargs["validate"]),
+        )  # fmt: skip
+        summary = export_inspect(pages, args.out, on_page=bar.update)
+    except errors as exc:
+        bar.close()
+        return fail("export", str(exc), exit_status(exc))
+    bar.close()
+    n = sum(summary.files.values())
+    print(f"exported {n} trajectories as {len(summary.files)} Inspect logs in "
+          f"{time.perf_counter() - t0:.1f} s (inspect view --log-dir {args.out}):")  # fmt: skip
+    for path in summary.files:
         print(f"  {path}")
     return 0
 

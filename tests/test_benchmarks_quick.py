@@ -27,6 +27,7 @@ SECTIONS = (
     "## 4. Peak memory",
     "## 5. Export to Parquet",
     "## 6. Whole-process CPU per durable trajectory",
+    "## 7. OTLP attributes per trajectory",
 )
 
 

@@ -21,6 +21,11 @@ KEEP_RULES = ("errors", "extreme_rewards", "zero_variance_groups", "tool_errors"
               "predicate")  # fmt: skip
 
 
+# Semantic conventions the OTLP backend can write next to MLflow's span attributes
+# (``TraceConfig.otlp_conventions``): OpenTelemetry GenAI, and OpenInference (Arize Phoenix).
+OTLP_CONVENTIONS = ("genai", "openinference")
+
+
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -96,6 +101,8 @@ class TraceConfig:
     jsonl_path: str | None = None  # jsonl; default: ./traces/<project>/<experiment>.jsonl
     otlp_endpoint: str | None = None  # otlp; default: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
     otlp_headers: dict[str, str] = field(default_factory=dict)
+    # otlp: which semantic conventions the spans carry besides MLflow's (any of OTLP_CONVENTIONS)
+    otlp_conventions: list[str] = field(default_factory=lambda: list(OTLP_CONVENTIONS))
     weave_entity: str | None = None
     # mlflow: link every exported trace to this MLflow run (search_traces(run_id=...), the
     # run's Traces tab); the run must be in the experiment named project_name
@@ -118,6 +125,7 @@ class TraceConfig:
                     f"or a positive integer, got {n!r}"
                 )
         self._check_keep()
+        self._check_conventions()
         for name in (
             "max_buffer_trajectories",
             "max_buffer_bytes",
@@ -144,6 +152,24 @@ class TraceConfig:
             raise ConfigError(
                 f"on_backend_error must be 'raise' or 'warn', got {self.on_backend_error!r}"
             )
+
+    def _check_conventions(self) -> None:
+        names = self.otlp_conventions
+        if isinstance(names, str):
+            names = names.split(",")
+        elif not isinstance(names, (list, tuple)):
+            raise ConfigError(
+                f"otlp_conventions must be a list of names (any of {', '.join(OTLP_CONVENTIONS)}),"
+                f" got {names!r}"
+            )
+        cleaned = [str(n).strip().lower() for n in names if str(n).strip()]
+        for name in cleaned:
+            if name not in OTLP_CONVENTIONS:
+                raise ConfigError(
+                    f"unknown OTLP convention {name!r}{did_you_mean(name, OTLP_CONVENTIONS)}; "
+                    f"otlp_conventions accepts: {', '.join(OTLP_CONVENTIONS)}"
+                )
+        self.otlp_conventions = list(dict.fromkeys(cleaned))
 
     def _check_keep(self) -> None:
         keep = self.keep

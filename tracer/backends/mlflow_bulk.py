@@ -364,7 +364,7 @@ class BulkWriter:
         root_status: str | None = None
         session_id = user_id = None
         for i, span in enumerate(record.spans):
-            plain = span_attributes(record, span, i == 0, False)
+            plain = span_attributes(record, span, i == 0)
             attrs = {REQUEST_ID_KEY: request_id}
             attrs.update({k: encode_all_json(k, v) for k, v in plain.items()})
             span_id = f"{int(span.span_id, 16):016x}"

@@ -4,8 +4,9 @@ OTLP backends.
 Every span carries MLflow's attributes (``mlflow.spanType``, ``mlflow.spanInputs``,
 ``mlflow.spanOutputs``; on the root span ``mlflow.traceTag.<key>`` for every
 ``record.tags()`` entry and the reward), so an OTLP stream lands well in an MLflow server. With
-``semconv=True`` (the OTLP backend) spans also carry the OpenTelemetry GenAI semantic
-conventions, read by Phoenix, Langfuse, Jaeger and MLflow alike:
+``conventions`` holding ``"genai"`` (the OTLP backend) spans also carry the OpenTelemetry GenAI
+semantic conventions, read by Langfuse, Jaeger and MLflow alike (``"openinference"`` adds
+Phoenix's, see :mod:`tracer.backends.openinference`):
 
 =========== ========================== ==================================================
 kind        ``gen_ai.operation.name``  other attributes
@@ -34,10 +35,11 @@ strings, numbers and booleans as they are and JSON-encodes the rest.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
+from tracer.backends.openinference import add_io, openinference_attributes
+from tracer.chat import chat_message, dumps, output_text, parsed_tool_calls
 from tracer.record import KINDS, SpanRecord, TrajectoryRecord
 
 SCOPE_NAME = "rollout-tracer"
@@ -56,8 +58,8 @@ _JSON_KEYS = frozenset(
 )
 
 
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+# OpenInference's payload keys, and MLflow's keys that hold the same object.
+_SAME = {"input.value": "mlflow.spanInputs", "output.value": "mlflow.spanOutputs"}
 
 
 def encode_all_json(key: str, value: Any) -> Any:
@@ -99,9 +101,15 @@ def root_outputs(record: TrajectoryRecord) -> Any:
 
 
 def span_attributes(
-    record: TrajectoryRecord, span: SpanRecord, is_root: bool, semconv: bool
+    record: TrajectoryRecord,
+    span: SpanRecord,
+    is_root: bool,
+    conventions: Collection[str] = (),
+    parsed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Plain-valued attributes of one span (not yet encoded)."""
+    """Plain-valued attributes of one span (not yet encoded). ``conventions``: which semantic
+    conventions to add to MLflow's attributes ("genai", "openinference"); ``parsed``: the
+    record's :func:`tracer.chat.parsed_tool_calls`, needed for "openinference"."""
     attrs: dict[str, Any] = {
         "mlflow.spanType": KINDS.get(span.kind, "UNKNOWN"),
         "mlflow.spanInputs": root_inputs(record) if is_root else span.inputs,
@@ -114,7 +122,7 @@ def span_attributes(
             attrs["mlflow.chat.messages"] = chat
     elif is_root:
         last = _last_generate(record)
-        reply = _output_text(last) if last is not None else None
+        reply = output_text(last) if last is not None else None
         outputs = attrs["mlflow.spanOutputs"]
         if reply and isinstance(outputs, dict) and not {"messages", "choices"} & outputs.keys():
             attrs["mlflow.spanOutputs"] = {"choices": [_preview_choice(reply)], **outputs}
@@ -126,8 +134,11 @@ def span_attributes(
             attrs["mlflow.traceTag.reward"] = repr(float(record.reward))
             attrs["reward"] = record.reward
         attrs["mlflow.traceTag.mlflow.traceName"] = record.name
-    if semconv:
+    if "genai" in conventions:
         attrs.update(genai_attributes(record, span))
+    if "openinference" in conventions:
+        attrs.update(openinference_attributes(record, span, is_root, parsed or {}))
+        add_io(attrs, attrs["mlflow.spanInputs"], attrs["mlflow.spanOutputs"])
     return attrs
 
 
@@ -199,10 +210,6 @@ def _preview_choice(reply: str) -> dict[str, Any]:
     return {"index": 0, "message": {"role": "assistant", "content": reply}}
 
 
-_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
-_ROLE_ALIASES = {"developer": "system", "function": "tool", "ipython": "tool"}
-
-
 def chat_messages(span: SpanRecord) -> list[dict[str, Any]] | None:
     """``mlflow.chat.messages`` of a generate span: its input ``messages`` as OpenAI-style chat
     messages plus the assistant's reply; None when the inputs have no messages list."""
@@ -210,58 +217,13 @@ def chat_messages(span: SpanRecord) -> list[dict[str, Any]] | None:
     messages = inputs.get("messages")
     if not isinstance(messages, list):
         return None
-    out = [_chat_message(m, i) for i, m in enumerate(messages) if isinstance(m, dict)]
+    out = [chat_message(m, i) for i, m in enumerate(messages) if isinstance(m, dict)]
     if not out:
         return None
-    text = _output_text(span)
+    text = output_text(span)
     if text is not None:
         out.append({"role": "assistant", "content": text})
     return out
-
-
-def _chat_message(message: dict[str, Any], index: int) -> dict[str, Any]:
-    """One message in the shape MLflow's chat view accepts (anything else is kept as text)."""
-    role = str(message.get("role", "user"))
-    role = _ROLE_ALIASES.get(role, role)
-    content = _chat_content(message.get("content"))
-    if role not in _CHAT_ROLES:  # keep the message, say what it was
-        content = f"[{role}] {content or ''}"
-        role = "user"
-    out: dict[str, Any] = {"role": role, "content": content}
-    calls = message.get("tool_calls")
-    if isinstance(calls, list) and calls:
-        out["tool_calls"] = [_chat_tool_call(c, f"call_{index}_{j}") for j, c in enumerate(calls)]
-    for key in ("tool_call_id", "name"):
-        value = message.get(key)
-        if isinstance(value, str):
-            out[key] = value
-    return out
-
-
-def _chat_content(content: Any) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    return dumps(content)
-
-
-def _chat_tool_call(call: Any, default_id: str) -> dict[str, Any]:
-    call = call if isinstance(call, dict) else {"function": {"name": str(call)}}
-    function = call.get("function")
-    fn: dict[str, Any] = function if isinstance(function, dict) else call
-    arguments = fn.get("arguments")
-    call_id = call.get("id")
-    return {
-        "id": str(call_id) if call_id is not None else default_id,
-        "type": "function",
-        "function": {
-            "name": str(fn.get("name", "")),
-            "arguments": arguments if isinstance(arguments, str) else dumps(arguments or {}),
-        },
-    }
 
 
 def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -305,22 +267,8 @@ def _input_messages(messages: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def _output_text(span: SpanRecord) -> str | None:
-    """The generated text: ``response_text`` (token2text), else the text in the outputs."""
-    text = span.attributes.get("response_text")
-    outputs = span.outputs
-    if not isinstance(text, str) and isinstance(outputs, dict):
-        for key in ("content", "text", "response_text"):
-            if isinstance(outputs.get(key), str):
-                text = outputs[key]
-                break
-    if not isinstance(text, str) and isinstance(outputs, str):
-        text = outputs
-    return text if isinstance(text, str) else None
-
-
 def _output_messages(span: SpanRecord, finish: str | None) -> list[dict[str, Any]] | None:
-    text = _output_text(span)
+    text = output_text(span)
     if text is None:
         return None
     return [
@@ -335,7 +283,7 @@ def _output_messages(span: SpanRecord, finish: str | None) -> list[dict[str, Any
 def to_readable_spans(
     record: TrajectoryRecord,
     *,
-    semconv: bool = False,
+    conventions: Collection[str] = (),
     encode: Callable[[str, Any], Any] = encode_all_json,
     extra_attributes: dict[str, Any] | None = None,
     resource: Any = None,
@@ -351,11 +299,18 @@ def to_readable_spans(
     if resource is None:
         resource = Resource.get_empty()
     scope = InstrumentationScope(SCOPE_NAME)
+    parsed = None
+    if "openinference" in conventions:
+        parsed = parsed_tool_calls(record)
     out = []
     for i, span in enumerate(record.spans):
-        plain = span_attributes(record, span, i == 0, semconv)
+        plain = span_attributes(record, span, i == 0, conventions, parsed)
         attrs = dict(extra_attributes or {})
-        attrs.update({key: encode(key, value) for key, value in plain.items()})
+        attrs.update({key: encode(key, value) for key, value in plain.items() if key not in _SAME})
+        for key, twin in _SAME.items():  # the same payload under two names: serialized once
+            if key in plain:
+                same = plain[key] is plain[twin] and not isinstance(plain[key], str)
+                attrs[key] = attrs[twin] if same else encode(key, plain[key])
         events = []
         if span.error is not None:
             events.append(

@@ -1,9 +1,11 @@
 """OTLP backend: trajectories as OpenTelemetry spans, POSTed over OTLP/HTTP to any collector.
 
-One trace per trajectory (the trace id is the record's), one span per op. Attributes follow the
-OpenTelemetry GenAI semantic conventions plus MLflow's span attributes (see
-:mod:`tracer.backends.otel_spans`), so the same stream lands well in an MLflow server
-(``/v1/traces`` with header ``x-mlflow-experiment-id``), Phoenix, Langfuse or Jaeger.
+One trace per trajectory (the trace id is the record's), one span per op. Attributes follow
+MLflow's span attributes plus the semantic conventions named in ``config.otlp_conventions``
+(default both): the OpenTelemetry GenAI ones (:mod:`tracer.backends.otel_spans`) and
+OpenInference's (:mod:`tracer.backends.openinference`), so the same stream lands well in an
+MLflow server (``/v1/traces`` with header ``x-mlflow-experiment-id``), Arize Phoenix
+(``phoenix serve``, ``http://host:6006/v1/traces``), Langfuse or Jaeger.
 
 Endpoint: ``config.otlp_endpoint`` (a base URL such as ``http://host:4318`` gets
 ``/v1/traces`` appended), else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
@@ -28,6 +30,7 @@ from urllib.parse import urlsplit
 
 from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import encode_otlp, to_readable_spans
+from tracer.config import OTLP_CONVENTIONS as CONVENTIONS
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
 from tracer.record import TrajectoryRecord
@@ -55,9 +58,13 @@ def resolve_endpoint(config: TraceConfig) -> str | None:
     return endpoint
 
 
-def to_otel_spans(record: TrajectoryRecord, resource: Any = None) -> list[Any]:
+def to_otel_spans(
+    record: TrajectoryRecord,
+    resource: Any = None,
+    conventions: Sequence[str] = CONVENTIONS,
+) -> list[Any]:
     """The OTel ``ReadableSpan`` objects the OTLP backend sends for one trajectory."""
-    return to_readable_spans(record, semconv=True, encode=encode_otlp, resource=resource)
+    return to_readable_spans(record, conventions=conventions, encode=encode_otlp, resource=resource)
 
 
 class OtlpExporter(Exporter):
@@ -69,13 +76,14 @@ class OtlpExporter(Exporter):
         from opentelemetry.sdk.resources import Resource
 
         self.config = config
-        self.resource = Resource.create(
-            {
-                "service.name": config.project_name,
-                "rollout_tracer.experiment_name": config.experiment_name,
-                "rollout_tracer.worker_id": config.worker_id,
-            }
-        )
+        resource = {
+            "service.name": config.project_name,
+            "rollout_tracer.experiment_name": config.experiment_name,
+            "rollout_tracer.worker_id": config.worker_id,
+        }
+        if "openinference" in config.otlp_conventions:  # Phoenix files traces by this project
+            resource["openinference.project.name"] = config.project_name
+        self.resource = Resource.create(resource)
         if span_exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -95,16 +103,15 @@ class OtlpExporter(Exporter):
         self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._failures = 0
 
-    def export(
-        self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
-    ) -> ExportResult:
+    def export(self, batch: Sequence[TrajectoryRecord], *, replay: bool = False) -> ExportResult:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         with self._lock:
             todo = [r for r in batch if r.trace_id not in self._exported]
         if not todo:
             return ExportResult.SUCCESS
-        spans = [s for record in todo for s in to_otel_spans(record, self.resource)]
+        conventions = self.config.otlp_conventions
+        spans = [s for r in todo for s in to_otel_spans(r, self.resource, conventions)]
         result = self.span_exporter.export(spans)
         if result is not SpanExportResult.SUCCESS:
             self._failures += 1

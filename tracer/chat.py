@@ -1,0 +1,172 @@
+"""Chat messages out of a trajectory's spans, in one normalized OpenAI-style shape.
+
+Neutral on purpose: the span writers (MLflow and OpenTelemetry attributes, OpenInference) and
+the readers (the Inspect eval-log export) both use it, neither imports the other. A message
+here has a ``role`` in system/user/assistant/tool, string ``content`` (or None), and when it
+has tool calls, ``tool_calls`` entries ``{"id", "type": "function", "function": {"name",
+"arguments": <JSON string>}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tracer.record import SpanRecord, TrajectoryRecord
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_ROLE_ALIASES = {"developer": "system", "function": "tool", "ipython": "tool"}
+
+
+def chat_message(message: dict[str, Any], index: int) -> dict[str, Any]:
+    """One message in the shape MLflow's chat view accepts (anything else is kept as text)."""
+    role = str(message.get("role", "user"))
+    role = _ROLE_ALIASES.get(role, role)
+    content = chat_text(message.get("content"))
+    if role not in _CHAT_ROLES:  # keep the message, say what it was
+        content = f"[{role}] {content or ''}"
+        role = "user"
+    out: dict[str, Any] = {"role": role, "content": content}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        out["tool_calls"] = [_chat_tool_call(c, f"call_{index}_{j}") for j, c in enumerate(calls)]
+    for key in ("tool_call_id", "name"):
+        value = message.get(key)
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def chat_text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return dumps(content)
+
+
+def _chat_tool_call(call: Any, default_id: str) -> dict[str, Any]:
+    call = call if isinstance(call, dict) else {"function": {"name": str(call)}}
+    function = call.get("function")
+    fn: dict[str, Any] = function if isinstance(function, dict) else call
+    arguments = fn.get("arguments")
+    call_id = call.get("id")
+    return {
+        "id": str(call_id) if call_id is not None else default_id,
+        "type": "function",
+        "function": {
+            "name": str(fn.get("name", "")),
+            "arguments": arguments if isinstance(arguments, str) else dumps(arguments or {}),
+        },
+    }
+
+
+def output_text(span: SpanRecord) -> str | None:
+    """The generated text: ``response_text`` (token2text), else the text in the outputs."""
+    text = span.attributes.get("response_text")
+    outputs = span.outputs
+    if not isinstance(text, str) and isinstance(outputs, dict):
+        for key in ("content", "text", "response_text"):
+            if isinstance(outputs.get(key), str):
+                text = outputs[key]
+                break
+    if not isinstance(text, str) and isinstance(outputs, str):
+        text = outputs
+    return text if isinstance(text, str) else None
+
+
+def tool_calls_of(outputs: Any) -> list[Any] | None:
+    """The tool calls in a span's outputs (an engine that returns OpenAI-style ``tool_calls``,
+    or a parser's result), else None."""
+    if isinstance(outputs, dict):
+        outputs = outputs.get("tool_calls")
+    if isinstance(outputs, list) and outputs and all(isinstance(c, dict) for c in outputs):
+        return [c for c in outputs if c.get("name") or c.get("function")] or None
+    return None
+
+
+def parsed_tool_calls(record: TrajectoryRecord) -> dict[str, Any]:
+    """For each generate span's id, the tool calls of the first parse span that follows it
+    (before the next generate): the agent loop parses the reply after the engine call returns,
+    so the calls are not in the generate span's own outputs."""
+    out: dict[str, Any] = {}
+    last: str | None = None
+    for span in record.spans:
+        if span.kind == "generate":
+            last = span.span_id
+        elif span.kind == "parse" and last is not None:
+            calls = tool_calls_of(span.outputs)
+            if calls:
+                out[last] = calls
+            last = None
+    return out
+
+
+def reply_message(span: SpanRecord, parsed: dict[str, Any]) -> dict[str, Any] | None:
+    """A generate span's reply as an assistant message (its text and tool calls), or None."""
+    calls = tool_calls_of(span.outputs) or parsed.get(span.span_id)
+    text = output_text(span)
+    if text is None and not calls:
+        return None
+    reply: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        reply["tool_calls"] = calls
+    return reply
+
+
+def conversation(record: TrajectoryRecord) -> list[tuple[dict[str, Any], SpanRecord | None]]:
+    """The trajectory's whole chat, each message with the span it came from (a generate span
+    for the assistant's replies, a tool span for tool results, else None).
+
+    The conversation so far is the last generate span's input ``messages`` plus its reply;
+    the earlier replies are matched to the earlier generate spans in order. A trajectory whose
+    generate spans hold no messages (token ids only) becomes the decoded prompt, then each
+    reply followed by the results of the tool spans after it."""
+    parsed = parsed_tool_calls(record)
+    gens = [s for s in record.spans if s.kind == "generate"]
+    tools = [s for s in record.spans if s.kind == "tool"]
+    with_messages = [s for s in gens if isinstance(_inputs(s).get("messages"), list)]
+    out: list[tuple[dict[str, Any], SpanRecord | None]] = []
+    if with_messages:
+        last = with_messages[-1]
+        messages = [m for m in _inputs(last)["messages"] if isinstance(m, dict)]
+        replies = iter(gens)
+        results = (
+            iter(tools) if sum(m.get("role") == "tool" for m in messages) == len(tools) else None
+        )
+        for i, message in enumerate(messages):
+            msg = chat_message(message, i)
+            source = None
+            if msg["role"] == "assistant":
+                source = next(replies, None)
+            elif msg["role"] == "tool" and results is not None:
+                source = next(results, None)
+            out.append((msg, source))
+        reply = reply_message(last, parsed)
+        if reply is not None:
+            out.append((chat_message(reply, len(messages)), last))
+        return out
+    first = gens[0] if gens else None
+    prompt = first.attributes.get("prompt_text") if first is not None else None
+    if isinstance(prompt, str):
+        out.append(({"role": "user", "content": prompt}, None))
+    for span in record.spans:
+        if span.kind == "generate":
+            reply = reply_message(span, parsed)
+            if reply is not None:
+                out.append((chat_message(reply, len(out)), span))
+        elif span.kind == "tool":
+            content = span.outputs if isinstance(span.outputs, str) else dumps(span.outputs)
+            out.append(({"role": "tool", "content": content}, span))
+    return out
+
+
+def _inputs(span: SpanRecord) -> dict[str, Any]:
+    return span.inputs if isinstance(span.inputs, dict) else {}
