@@ -187,7 +187,8 @@ def _export_inspect(args: argparse.Namespace, bar: Any, t0: float) -> int:
     from tracer.readers.inspect_log import export_inspect
 
     kwargs = _source_kwargs(args)
-    errors = (*read_errors(), ImportError)  # ImportError: inspect-ai is not installed
+    # ImportError: inspect-ai is not installed
+    errors: tuple[type[BaseException], ...] = (*read_errors(), ImportError)
     try:
         pages = iter_records(
             args.source, experiment=kwargs["experiment"], tracking_uri=kwargs["tracking_uri"],
