@@ -164,6 +164,7 @@ def rollout_trace_attr(
 ) -> trace_attr:
     """verl's ``rollout_trace_attr``: same parameters, same order. ``trace=False`` turns off
     every op inside; otherwise the trajectory is traced (the caller did the selection)."""
+    style: dict[str, Any] = {STYLE_KEY: "verl"}
     return trace_attr(
         step=step,
         sample_index=sample_index,
@@ -171,7 +172,7 @@ def rollout_trace_attr(
         validate=bool(validate),
         name=name,
         trace=trace,
-        **{STYLE_KEY: "verl"},
+        **style,
     )
 
 
