@@ -89,6 +89,8 @@ def encode_values(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class Annotator:
+    """The background half of ``tracer.annotate``; see the module docstring."""
+
     def __init__(self, config: TraceConfig) -> None:
         self.config = config
         self.errors = InternalErrors(config.raise_internal_errors)
@@ -98,21 +100,17 @@ class Annotator:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.idle = threading.Condition(self.lock)
-        self.in_flight = 0  # queued or being encoded
+        self.in_flight = 0  # queued, being encoded, or being tried
         # per backend: annotations whose trace it does not hold yet, with their deadline
-        self.waiting: dict[str, list[tuple[AnnotationRecord, float]]] = {}
+        self.waiting: dict[str, list[tuple[AnnotationRecord, float]]] = {
+            name: [] for name in config.backends
+        }
+        # made on the background thread (the caller never waits for a backend, which may be
+        # down); a backend that cannot annotate leaves ``waiting``
+        self.exporters: dict[str, Exporter] = {}
         self.counts: collections.Counter[str] = collections.Counter()
         self._lost_at_last_flush = 0
         self.closed = False
-        self.exporters: list[Exporter] = []
-        for name in config.backends:
-            exporter = as_exporter(create_exporter(name, config))
-            if exporter.supports_annotations:
-                self.exporters.append(exporter)
-                self.waiting[exporter.name] = []
-            else:
-                log.warning("rollout-tracer: backend %r cannot annotate stored traces; "
-                            "annotations skip it", name)  # fmt: skip
         self.thread = threading.Thread(target=self._run, name="rollout-tracer-annotator",
                                        daemon=True)  # fmt: skip
         self.thread.start()
@@ -132,8 +130,8 @@ class Annotator:
         """An annotation of a trajectory this process did not sample: nothing to store."""
         with self.lock:
             self.counts["submitted"] += 1
-            for exporter in self.exporters:
-                self.counts[f"{exporter.name}/skipped"] += 1
+            for name in self.waiting:
+                self.counts[f"{name}/skipped"] += 1
 
     def _pending(self) -> int:
         return sum(len(w) for w in self.waiting.values())
@@ -145,11 +143,38 @@ class Annotator:
             self.wake.wait(RETRY_INTERVAL_S if pending else self.config.flush_interval_s)
             self.wake.clear()
             try:
+                self._connect()
                 self._take_new()
                 self._retry_waiting()
             except Exception as exc:  # the loop never dies
                 self.errors.report("annotating", exc, background=True)
                 time.sleep(0.05)
+
+    def _connect(self) -> None:
+        """Make the exporters not made yet; one that fails is tried again next time."""
+        for name in list(self.waiting):
+            if name in self.exporters:
+                continue
+            try:
+                exporter = as_exporter(create_exporter(name, self.config))
+            except Exception as exc:
+                key = f"{name}/errors"
+                with self.lock:
+                    self.counts[key] += 1
+                    n = self.counts[key]
+                if log_every(n):
+                    log.warning("rollout-tracer: cannot reach %s to annotate (%s: %s); "
+                                "annotations wait for it", name, type(exc).__name__, exc)
+                continue
+            if exporter.supports_annotations:
+                self.exporters[name] = exporter
+                continue
+            log.warning("rollout-tracer: backend %r cannot annotate stored traces; "
+                        "annotations skip it", name)  # fmt: skip
+            exporter.shutdown()
+            with self.lock:
+                del self.waiting[name]
+                self.idle.notify_all()
 
     def _take_new(self) -> None:
         while True:
@@ -159,14 +184,13 @@ class Annotator:
             if not batch:
                 return
             try:
-                records = []
+                items = []
                 for ann, raw in batch:
                     ann.values = encode_values(raw)
-                    records.append(ann)
-                for exporter in self.exporters:
-                    deadlines = [a.created_ns / 1e9 + self.config.annotation_timeout_s
-                                 for a in records]  # fmt: skip
-                    self._try(exporter, list(zip(records, deadlines, strict=True)))
+                    deadline = ann.created_ns / 1e9 + self.config.annotation_timeout_s
+                    items.append((ann, deadline))
+                for name in list(self.waiting):
+                    self._try(name, items)
             except Exception as exc:
                 with self.lock:
                     self.counts["failed"] += len(batch)
@@ -178,43 +202,49 @@ class Annotator:
 
     def _retry_waiting(self) -> None:
         now = time.time()
-        for exporter in self.exporters:
-            with self.lock:
-                todo, self.waiting[exporter.name] = self.waiting[exporter.name], []
-            live = [(a, d) for a, d in todo if d > now]
-            lost = len(todo) - len(live)
-            if lost:
+        for name in list(self.waiting):
+            with self.lock:  # in flight while out of the list: flush() must still wait
+                todo, self.waiting[name] = self.waiting[name], []
+                self.in_flight += len(todo)
+            try:
+                live = [(a, d) for a, d in todo if d > now]
+                lost = len(todo) - len(live)
+                if lost:
+                    with self.lock:
+                        self.counts[f"{name}/annotation_lost"] += lost
+                    log.warning("rollout-tracer: %d annotations lost for %s: their trace was "
+                                "not stored within annotation_timeout_s=%s", lost, name,
+                                self.config.annotation_timeout_s)  # fmt: skip
+                for i in range(0, len(live), self.config.export_batch_size):
+                    self._try(name, live[i : i + self.config.export_batch_size])
+            finally:
                 with self.lock:
-                    self.counts[f"{exporter.name}/annotation_lost"] += lost
-                log.warning("rollout-tracer: %d annotations lost for %s: their trace was not "
-                            "stored within annotation_timeout_s=%s", lost, exporter.name,
-                            self.config.annotation_timeout_s)  # fmt: skip
-            for i in range(0, len(live), self.config.export_batch_size):
-                self._try(exporter, live[i : i + self.config.export_batch_size])
-            with self.lock:
-                self.idle.notify_all()
+                    self.in_flight -= len(todo)
+                    self.idle.notify_all()
 
-    def _try(self, exporter: Exporter, items: list[tuple[AnnotationRecord, float]]) -> None:
-        """Hand annotations to one backend; those whose trace it lacks (or that failed) wait."""
-        if not items:
-            return
-        try:
-            found = exporter.annotate([a for a, _ in items])
-        except Exception as exc:  # the backend is down: they wait, like missing traces
-            found = [False] * len(items)
-            key = f"{exporter.name}/errors"
-            with self.lock:
-                self.counts[key] += 1
-                n = self.counts[key]
-            if log_every(n):
-                log.warning("rollout-tracer: %s could not store %d annotations (%s: %s); "
-                            "they wait for it", exporter.name, len(items),
-                            type(exc).__name__, exc)  # fmt: skip
+    def _try(self, name: str, items: list[tuple[AnnotationRecord, float]]) -> None:
+        """Hand annotations to one backend; those whose trace it lacks (or that failed, or
+        whose backend is not reached yet) wait."""
+        exporter = self.exporters.get(name)
+        found = [False] * len(items)
+        if exporter is not None and items:
+            try:
+                found = exporter.annotate([a for a, _ in items])
+            except Exception as exc:  # the backend is down: they wait, like missing traces
+                key = f"{name}/errors"
+                with self.lock:
+                    self.counts[key] += 1
+                    n = self.counts[key]
+                if log_every(n):
+                    log.warning("rollout-tracer: %s could not store %d annotations (%s: %s); "
+                                "they wait for it", name, len(items),
+                                type(exc).__name__, exc)  # fmt: skip
         with self.lock:
-            self.counts[f"{exporter.name}/applied"] += sum(found)
-            self.waiting[exporter.name].extend(
-                item for item, ok in zip(items, found, strict=True) if not ok
-            )
+            self.counts[f"{name}/applied"] += sum(found)
+            if name in self.waiting:
+                self.waiting[name].extend(
+                    item for item, ok in zip(items, found, strict=True) if not ok
+                )
             self.idle.notify_all()
 
     def _lost_total(self) -> int:
@@ -250,7 +280,7 @@ class Annotator:
                     log.warning("rollout-tracer: %d annotations lost for %s: their trace was "
                                 "not stored before shutdown", len(waiting), name)
                     waiting.clear()
-        for exporter in self.exporters:
+        for exporter in self.exporters.values():
             exporter.shutdown(timeout_s)
         return ok
 

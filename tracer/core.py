@@ -124,18 +124,18 @@ class Tracer:
         trace_id = derived_trace_id(config.run_salt, config.project_name,
                                     experiment or config.experiment_name, step, sample_index,
                                     rollout_n, bool(validate))  # fmt: skip
-        own = experiment in (None, config.experiment_name)
-        if attempt is None and own:  # the latest this process traced, when it traced one
-            attempt = self.attempts.latest(step, identity_key(sample_index, rollout_n, validate))
         if self.annotator is None:
             with self._annotator_lock:
                 if self.annotator is None:
                     self.annotator = Annotator(config)
+        own = experiment in (None, config.experiment_name)
         if attempt is None and own and not self.keep_on and (
             self.sampler.rejects(step, sample_index, validate)
         ):  # this process's sampler turned it down: there is no trace to wait for
             self.annotator.skip()
             return True
+        if attempt is None and own:  # the latest this process traced, when it traced one
+            attempt = self.attempts.latest(step, identity_key(sample_index, rollout_n, validate))
         if attempt is not None:
             trace_id = attempt_trace_id(trace_id, attempt)
         record = AnnotationRecord(trace_id, step, sample_index, rollout_n, bool(validate),
