@@ -49,9 +49,14 @@ def _first_id(sample_index: int = 7) -> str:
 def test_a_retried_sample_is_two_lines_in_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     _two_attempts(backend="jsonl", jsonl_path=str(path))
+    for _ in range(2):  # the same attempt named twice: one id, two trajectories
+        with tracer.trace_attr(step=3, sample_index=9, rollout_n=1, attempt=2):
+            pass
+    assert tracer.flush(60)
     m = tracer.metrics()
     records = list(read_jsonl(path))
-    assert m["tracer/jsonl/exported"] == len(records) == 3  # each export counted is a line
+    assert m["tracer/jsonl/exported"] == len(records) == 5  # each export counted is a line
+    assert len({r.trace_id for r in records if r.sample_index == 9}) == 1
     retried = sorted((r for r in records if r.sample_index == 7), key=lambda r: r.attempt)
     assert [(r.attempt, r.reward) for r in retried] == [(0, 0.25), (1, 0.75)]
     assert retried[0].trace_id == _first_id() != retried[1].trace_id
@@ -224,13 +229,18 @@ def test_annotate_right_after_the_trajectory_waits_for_the_backend(tmp_path: Pat
                     flush_interval_s=0.1, export_max_retries=0, replay_interval_s=0.3,
                     export_timeout_s=5, annotation_timeout_s=120,
                     raise_internal_errors=True)  # fmt: skip
-        server.stop()
-        down = time.monotonic()
 
         @tracer.trace_op(kind="reward")
         def reward(x: float) -> float:
             return x
 
+        # the step before: traced and annotated while the server is up
+        with tracer.trace_attr(step=2, sample_index=7, rollout_n=1):
+            reward(0.5)
+        assert tracer.annotate(step=2, sample_index=7, rollout_n=1, values={"advantage": 0.1})
+        assert tracer.flush(60), tracer.metrics()
+        server.stop()
+        down = time.monotonic()
         with tracer.trace_attr(step=3, sample_index=7, rollout_n=1):
             reward(0.5)
         assert tracer.annotate(step=3, sample_index=7, rollout_n=1, values={"advantage": 0.7})
@@ -242,11 +252,11 @@ def test_annotate_right_after_the_trajectory_waits_for_the_backend(tmp_path: Pat
         server = start_mlflow_server(root, port)
         assert tracer.flush(120), tracer.metrics()
         m = tracer.metrics()
-        assert m["tracer/annotations/mlflow/applied"] == 1, m
+        assert m["tracer/annotations/mlflow/applied"] == 2, m
         assert m["tracer/annotations/pending"] == 0, m
         assert not m.get("tracer/annotations/mlflow/annotation_lost")
         assert not m.get("tracer/annotations/mlflow/skipped")
-        [found] = search_traces(server.url, EXP)
+        [found] = search_traces(server.url, EXP, "tags.step = '3'")
         trace = MlflowClient(tracking_uri=server.url).get_trace(found.info.trace_id)
         assert trace.info.tags["advantage"] == "0.7"
         assert [s.name for s in trace.data.spans].count("annotation") == 1
