@@ -17,6 +17,7 @@ import tracer
 from tests._servers import free_port, start_mlflow_server
 from tests.conftest import search_traces
 from tracer.ids import derived_trace_id
+from tracer.readers.sources import iter_jsonl
 from tracer.record import read_jsonl
 from tracer.testing import InMemoryExporter
 
@@ -52,7 +53,12 @@ def test_a_retried_sample_is_two_lines_in_jsonl(tmp_path: Path) -> None:
     for _ in range(2):  # the same attempt named twice: one id, two trajectories
         with tracer.trace_attr(step=3, sample_index=9, rollout_n=1, attempt=2):
             pass
+    # JSONL cannot look traces up: the latest attempt is the one this process traced last
+    tracer.annotate(step=3, sample_index=7, rollout_n=1, values={"advantage": 0.5})
     assert tracer.flush(60)
+    [page] = iter_jsonl(str(path))
+    annotated = [r.attempt for r in page if any(s.kind == "annotation" for s in r.spans)]
+    assert annotated == [1]
     m = tracer.metrics()
     records = list(read_jsonl(path))
     assert m["tracer/jsonl/exported"] == len(records) == 5  # each export counted is a line
