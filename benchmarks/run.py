@@ -26,6 +26,7 @@ SECTIONS = {
     "e2e": 900,
     "throughput": 1200,
     "memory": 300,
+    "cpu": 600,  # benchmarks/cpu.py: ours vs the OpenTelemetry SDK, whole-process CPU
     "export": 900,  # benchmarks/bench_export.py, appended as section 5
 }
 

@@ -38,14 +38,6 @@ MODES = {
     # the same 100 % sampling with MLflow's export work in a child process (off the GIL)
     "on_100pct_subprocess": {"max_samples_per_step_per_worker": None,
                              "export_in_subprocess": True},
-    # the same 100 % sampling without the switch-interval courtesy (tracer/gil.py): the
-    # rollout's thread waits up to the interpreter's 5 ms for the GIL after each await
-    "on_100pct_no_courtesy": {"max_samples_per_step_per_worker": None,
-                              "background_switch_interval_s": None},
-    # the same 100 % sampling with background stages that never step aside for the rollout
-    # (tracer/gil.py: step_aside)
-    "on_100pct_no_yield": {"max_samples_per_step_per_worker": None,
-                           "background_yield_s": None},
 }
 
 
@@ -113,7 +105,6 @@ async def _steps(worker: Any, batches: list[Any], first_step: int) -> tuple[int,
 def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
     import tracer
     from rollout.worker import RolloutWorker, iterate_batches, load_dataset
-    from tracer import gil
 
     config = _config(kind, quick)
     n_steps = 1 if quick or kind == "hf" else 3
@@ -130,7 +121,6 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
     work: dict[str, tuple[int, int]] = {}
     metrics: dict[str, Any] = {}
     child_rss: dict[str, float | None] = {}
-    aside: dict[str, list[float]] = {m: [] for m in MODES}  # ms stepped aside per run
 
     async def main() -> None:
         tracer.reset()
@@ -149,11 +139,9 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
                             **overrides,
                         }
                     )
-                a = gil.stepped_aside_ns()
                 t = time.perf_counter()
                 work[mode] = await _steps(worker, batches, 100 * rep)
                 times[mode].append(time.perf_counter() - t)
-                aside[mode].append((gil.stepped_aside_ns() - a) / 1e6)
                 t = time.perf_counter()
                 tracer.flush(timeout_s=300)
                 flush[mode].append(time.perf_counter() - t)
@@ -186,7 +174,7 @@ def bench_engine(kind: str, quick: bool, uri: str) -> dict[str, Any]:
             "flush_s": round(statistics.median(flush[mode]), 3),
             "exported_last_rep": exported,
             "export_child_rss_mib": child_rss.get(mode),
-            "stepped_aside_ms": round(statistics.median(aside[mode]), 1),
+            "durability_lag_s_at_end": metrics.get(mode, {}).get("tracer/durability_lag_s"),
         }
     return out
 

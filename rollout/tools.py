@@ -1,4 +1,7 @@
-"""Tools the agent can call: a safe calculator, a sandboxed Python runner, local retrieval.
+"""Tools the agent can call: a safe calculator, a Python runner, local retrieval.
+
+The Python runner's isolation (what the code can and cannot reach) is described in
+:mod:`rollout.code_runner`.
 
 Every failure (unknown tool, bad arguments, timeout, crash) becomes a :class:`ToolResult` with
 ``error`` set; :meth:`ToolRegistry.call` never raises.
@@ -8,14 +11,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import contextlib
 import json
 import math
 import operator
-import os
 import re
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +23,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from rollout.code_runner import (
+    ISOLATION_MODES,
+    RunTimeout,
+    resolve_isolation,
+    run_python,
+    signal_of,
+)
 from tracer import trace_op
 
 
@@ -178,25 +185,15 @@ class Calculator(Tool):
 
 
 # --------------------------------------------------------------------------- python runner
-# The limits are set by a small launcher that then execs the interpreter that runs the code,
-# not by ``preexec_fn``: that runs Python between fork and exec, which can deadlock in a
-# process with threads (the tracer's workers, Ray, vLLM). rlimits survive exec. A limit above
-# this process's own hard limit is lowered to it, rather than failing every call.
-_LAUNCHER = """\
-import os, resource, sys
-for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE"), sys.argv[1:5]):
-    limit = getattr(resource, name)
-    value, hard = int(value), resource.getrlimit(limit)[1]
-    if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
-    resource.setrlimit(limit, (value, value))
-os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[5]])
-"""
-
-
 class PythonRunner(Tool):
-    """Runs a Python snippet in a separate, isolated interpreter with CPU, memory, file-size and
-    time limits (``resource.setrlimit``); the process group is killed on timeout."""
+    """Runs a Python snippet in a separate interpreter with CPU, memory, file-size and time
+    limits; on timeout every process it started is killed (rollout/code_runner.py, Linux only).
+
+    ``isolation``: ``"auto"`` (default) hides the host's files and network with bubblewrap
+    where ``bwrap`` works, and runs without that isolation (one warning) where it does not;
+    ``"bwrap"`` requires it (ValueError at the first call otherwise); ``"none"`` never uses it.
+    ``writable_dir``: a folder the code may write to (its working directory).
+    """
 
     name = "python"
     description = "Run a short Python 3 program and return what it prints (stdout)."
@@ -207,14 +204,24 @@ class PythonRunner(Tool):
     }
 
     def __init__(
-        self, timeout_s: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000
+        self,
+        timeout_s: float = 5.0,
+        memory_mb: int = 256,
+        max_output_chars: int = 2000,
+        isolation: str = "auto",
+        writable_dir: str | None = None,
     ) -> None:
+        if isolation not in ISOLATION_MODES:
+            raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got "
+                             f"{isolation!r}")  # fmt: skip
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
+        self.isolation = isolation
+        self.writable_dir = writable_dir
 
     def limits(self) -> tuple[int, int, int, int]:
-        """(RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE) of the child, in _LAUNCHER's order."""
+        """(RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE) of the code and its children."""
         return self.memory_mb * 1024 * 1024, math.ceil(self.timeout_s) + 1, 1 << 20, 0
 
     async def execute(self, **arguments: Any) -> str:
@@ -222,27 +229,21 @@ class PythonRunner(Tool):
         code: str = arguments["code"]
         if len(code) > 20_000:
             raise ToolError("code too long (max 20000 characters)")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, self.limits()), code,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONIOENCODING": "utf-8"},
-        )  # fmt: skip
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            raise ToolError(f"timed out after {self.timeout_s:g} s") from None
-        stdout = out.decode("utf-8", "replace")[: self.max_output_chars]
-        code_rc = proc.returncode or 0
-        if code_rc != 0:
-            lines = err.decode("utf-8", "replace").strip().splitlines()
-            last = lines[-1] if lines else f"killed by signal {-code_rc}"
-            if code_rc in (-signal.SIGKILL, -signal.SIGXCPU):
+            bwrap = resolve_isolation(self.isolation)
+            done = await run_python(code, limits=self.limits(), timeout_s=self.timeout_s,
+                                    bwrap=bwrap, writable_dir=self.writable_dir,
+                                    max_output_bytes=4 * self.max_output_chars + 4096)  # fmt: skip
+        except RunTimeout as exc:
+            raise ToolError(str(exc)) from None
+        stdout = done.stdout.decode("utf-8", "replace")[: self.max_output_chars]
+        if done.returncode != 0:
+            sig = signal_of(done.returncode)
+            lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            last = lines[-1] if lines else f"killed by signal {sig}"
+            if sig in (signal.SIGKILL, signal.SIGXCPU):
                 last = "resource limit exceeded (CPU/memory)"
-            raise ToolError(f"exit code {code_rc}: {last[-500:]}\n{stdout}".rstrip())
+            raise ToolError(f"exit code {done.returncode}: {last[-500:]}\n{stdout}".rstrip())
         return stdout.rstrip() or "(no output)"
 
 

@@ -26,6 +26,7 @@ SECTIONS = (
     "## 3. Rollout throughput",
     "## 4. Peak memory",
     "## 5. Export to Parquet",
+    "## 6. Whole-process CPU per durable trajectory",
 )
 
 
@@ -75,6 +76,9 @@ def test_quick_benchmarks_write_every_section(tmp_path: Path) -> None:
     assert re.search(r"peak RSS \| [\d.]+ MiB", mem)
     held = r"held \(memory \+ spool\) / of those in the spool / dropped \| \d+ / \d+ / \d+"
     assert re.search(held, mem)
+    cpu = _section(text, "## 6. Whole-process CPU per durable trajectory")
+    assert re.search(r"\| OpenTelemetry SDK .+ \| [\d.]+ \|", cpu), cpu
+    assert re.search(r"\| serialize \| [\d.]+ \|", cpu), cpu
     export = _section(text, "## 5. Export to Parquet")
     assert re.search(r"\| jsonl \| 1000 \| \d+ \| [\d.]+ \|", export), export
     targets = _section(text, "## Targets")

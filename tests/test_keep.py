@@ -12,6 +12,7 @@ import pytest
 import tracer
 from tests.conftest import search_traces
 from tracer.config import ConfigError
+from tracer.record import read_jsonl
 from tracer.testing import InMemoryExporter
 
 EXP = "keep-rules"
@@ -200,11 +201,33 @@ def test_candidates_count_against_the_buffer_and_never_crowd_out_head_samples() 
     m = tracer.metrics()
     # candidates use at most half the buffer; the rest stays for head-sampled trajectories
     assert m["tracer/keep/held"] + m["tracer/queue_depth"] <= 16
-    assert m["tracer/dropped/not_kept"] >= 40 - 16  # no room to wait: decided at once
+    # no room to wait: their rules ran at once, and past the bound the step was finished
+    # early; single-member groups match no rule, so they are not kept
+    assert m["tracer/keep/candidates_processed_inline"] > 0
+    assert m["tracer/keep/steps_finished_early"] > 0
     assert tracer.flush(10)  # the head sample always had room: nothing lost
     m = reconciles()
     assert m["tracer/keep/held"] == 0 and m["tracer/dropped_buffer_full"] == 0
     assert any(r.attributes["kept_by"] == "sampled" for r in out.records)
+
+
+def test_every_rule_match_is_stored_with_the_buffer_at_capacity(tmp_path: Path) -> None:
+    """Rules first, capacity second: with the candidates' half of the buffer full and the
+    processor asleep, every trajectory that raised is still kept under ``keep: [errors]``
+    (read back from the JSONL file)."""
+    path = tmp_path / "kept.jsonl"
+    tracer.init({"backend": "jsonl", "jsonl_path": str(path), "spool_dir": str(tmp_path / "sp"),
+                 "raise_internal_errors": True, "max_samples_per_step_per_worker": 1,
+                 "keep": ["errors"], "max_buffer_trajectories": 8,
+                 "flush_interval_s": 60.0})  # fmt: skip
+    for s in range(60):
+        rollout(0, s, 0, 0.5, raises=s % 3 == 0)
+    assert tracer.flush(30)
+    m = reconciles("jsonl")
+    records = list(read_jsonl(path))
+    stored = {r.sample_index for r in records if "errors" in r.attributes["kept_by"]}
+    assert stored == {s for s in range(60) if s % 3 == 0}
+    assert m["tracer/keep/candidates_processed_inline"] > 0
 
 
 def test_without_keep_rules_nothing_changes() -> None:
@@ -213,7 +236,10 @@ def test_without_keep_rules_nothing_changes() -> None:
         rollout(0, s, 0, 0.0, raises=True)
     assert tracer.flush(10)
     assert len(out.records) == 1 and "kept_by" not in out.records[0].attributes
-    assert tracer.metrics()["tracer/evicted_by_sampling"] >= 0
+    m = reconciles()
+    assert m.get("tracer/dropped/not_kept", 0) == 0 and "tracer/keep/candidates" not in m
+    # one sample kept per step; the other three were either never admitted or evicted later
+    assert m["tracer/submitted"] - m["tracer/evicted_by_sampling"] == 1
 
 
 def test_keep_is_reachable_from_the_rollout_config() -> None:

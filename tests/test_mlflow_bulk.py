@@ -23,7 +23,7 @@ from tracer.backends.mlflow_backend import MlflowExporter
 from tracer.config import TraceConfig
 
 EXP = "bulk-tests"
-UNKNOWN_REVISION = frozenset({"0123456789ab"})
+UNTESTED_VERSION = "3.17.99"  # a release the bulk writer was never run on
 
 
 class ToolError(RuntimeError):
@@ -92,7 +92,7 @@ def _records() -> list[Any]:
 def _exporter(uri: str, monkeypatch: pytest.MonkeyPatch, *, bulk: bool) -> MlflowExporter:
     with monkeypatch.context() as m:
         if not bulk:
-            m.setattr(mlflow_bulk, "TESTED_SCHEMA_REVISIONS", UNKNOWN_REVISION)
+            m.setattr(mlflow_bulk, "mlflow_version", lambda: UNTESTED_VERSION)
         exporter = MlflowExporter(TraceConfig(backend=None, tracking_uri=uri, project_name=EXP))
     assert (exporter.bulk is not None) is bulk
     return exporter
@@ -211,10 +211,21 @@ def test_bulk_and_mlflow_paths_store_the_same_traces_on_postgresql(
             assert ours[trace_id][key] == want[key], (trace_id, key)
 
 
-def test_unknown_schema_revision_falls_back_with_one_log_line(
-    mlflow_uri: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(mlflow_bulk, "TESTED_SCHEMA_REVISIONS", UNKNOWN_REVISION)
+def test_the_installed_mlflow_is_a_version_the_bulk_writer_was_tested_with() -> None:
+    """Fails on a dependency bump: run this file on the new MLflow, then add the version (and
+    the schema revision it creates) to TESTED_VERSIONS."""
+    import mlflow
+
+    assert mlflow.__version__ in mlflow_bulk.TESTED_VERSIONS, (
+        f"MLflow {mlflow.__version__} is installed; the bulk writer was tested with "
+        f"{sorted(mlflow_bulk.TESTED_VERSIONS)}: re-verify it (tests/test_mlflow_bulk.py) "
+        "and add the version, or pin MLflow back"
+    )
+
+
+def _traced_rewards(mlflow_uri: str, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Three rewarded trajectories through tracer.init; the lines logged about the bulk
+    writer."""
     with caplog.at_level(logging.INFO, logger="tracer"):
         tracer.init(
             backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP, raise_internal_errors=True
@@ -228,21 +239,50 @@ def test_unknown_schema_revision_falls_back_with_one_log_line(
             with tracer.trace_attr(step=step, sample_index=0):
                 reward(0.25)
         assert tracer.flush(60)
-    lines = [r.getMessage() for r in caplog.records if "bulk writer" in r.getMessage()]
+        tracer.reset()
+    return [r.getMessage() for r in caplog.records if "bulk writer" in r.getMessage()]
+
+
+@pytest.mark.parametrize("seen", ["version", "revision"])
+def test_an_untested_version_or_revision_falls_back_with_one_log_line(
+    seen: str, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import mlflow
+
+    if seen == "version":  # a new MLflow release, same schema
+        monkeypatch.setattr(mlflow_bulk, "mlflow_version", lambda: UNTESTED_VERSION)
+    else:  # the installed release on a store another MLflow migrated
+        monkeypatch.setitem(mlflow_bulk.TESTED_VERSIONS, mlflow.__version__, "0123456789ab")
+    lines = _traced_rewards(mlflow_uri, caplog)
     assert len(lines) == 1, lines
-    assert "schema revision 'dc11669786a5'" in lines[0] and "log_spans" in lines[0]
-    traces = search_traces(mlflow_uri, EXP)
-    assert len(traces) == 3
+    assert "not using the bulk writer" in lines[0] and "log_spans" in lines[0]
+    if seen == "version":
+        assert f"MLflow {UNTESTED_VERSION} is not a version it was tested with" in lines[0]
+    else:
+        assert "schema revision 'dc11669786a5' is not '0123456789ab'" in lines[0]
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    traces = [client.get_trace(t.info.trace_id) for t in search_traces(mlflow_uri, EXP)]
+    assert sorted(t.info.tags["step"] for t in traces) == ["0", "1", "2"]
     assert all([a.value for a in t.info.assessments] == [0.25] for t in traces)
+    assert all([s.name for s in t.data.spans] == ["trajectory", "reward"] for t in traces)
 
 
-def test_bulk_path_is_on_for_a_sqlite_store(mlflow_uri: str, caplog: pytest.LogCaptureFixture):
+def test_bulk_path_is_on_for_the_tested_version_with_one_log_line(
+    mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import mlflow
+
     with caplog.at_level(logging.INFO, logger="tracer"):
         exporter = MlflowExporter(
             TraceConfig(backend=None, tracking_uri=mlflow_uri, project_name=EXP)
         )
     assert exporter.bulk is not None
-    assert not [r for r in caplog.records if "bulk writer" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "bulk writer" in r.getMessage()]
+    revision = mlflow_bulk.TESTED_VERSIONS.get(mlflow.__version__)
+    assert lines == [
+        f"rollout-tracer: MLflow store {mlflow_uri}: bulk writer on (MLflow {mlflow.__version__}, "
+        f"schema revision {revision}: a version and revision it was tested with)."
+    ]
 
 
 def _counts(uri: str) -> tuple[int, list[int], list[list[str]]]:

@@ -1,9 +1,15 @@
-"""Tools: calculator safety, the sandboxed Python runner's limits, retrieval, bad calls."""
+"""Tools: calculator safety, the Python runner's limits, isolation and process cleanup,
+retrieval, bad calls."""
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
+import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -104,7 +110,7 @@ def test_default_tools_rejects_unknown_names() -> None:
 async def test_python_runner_limits_apply_in_the_child(tmp_path) -> None:
     # The limits are set without preexec_fn (unsafe in a threaded process); check that they
     # still reach the interpreter that runs the code, and that exceeding one stops the tool.
-    runner = PythonRunner(memory_mb=200, timeout_s=3)
+    runner = PythonRunner(memory_mb=200, timeout_s=3, writable_dir=str(tmp_path))
     out = await runner.execute(
         code="import resource as r\n"
         "print([r.getrlimit(getattr(r, n)) for n in "
@@ -130,3 +136,132 @@ async def test_python_runner_runs_no_python_between_fork_and_exec() -> None:
     before = len(_forks_with_python)
     assert await PythonRunner().execute(code="print('ok')") == "ok"
     assert len(_forks_with_python) == before
+
+
+# --------------------------------------------------------------------------- no survivors
+# Model code that forks, leaves the process group with setsid(), forks again (the grandchild
+# is orphaned) and loops appending to a file in the folder it may write to.
+_ESCAPE = """\
+import os, time
+# {marker}
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open("pids", "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        while True:
+            with open("grows", "a") as f:
+                f.write("x")
+            time.sleep(0.005)
+    os._exit(0)
+with open("pids", "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+time.sleep(60)
+"""
+
+
+def _bwrap_or_skip() -> None:
+    from rollout import code_runner
+
+    path = code_runner.find_bwrap()
+    if path is None:
+        pytest.skip("bwrap is not installed (apt-get install bubblewrap)")
+    if why := code_runner.bwrap_works(path):
+        pytest.skip(f"bwrap cannot create namespaces here: {why}")
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Host PIDs whose command line holds ``marker`` (the code is on it: ``-c CODE``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ", 1)[1][:1] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_python_runner_kills_a_setsid_escape_on_timeout(isolation: str, tmp_path) -> None:
+    if isolation == "bwrap":
+        _bwrap_or_skip()
+    marker = f"escape-{uuid.uuid4().hex}"
+    runner = PythonRunner(timeout_s=1.5, isolation=isolation, writable_dir=str(tmp_path))
+    with pytest.raises(ToolError, match="timed out"):
+        await runner.execute(code=_ESCAPE.format(marker=marker))
+    grows = tmp_path / "grows"
+    assert grows.stat().st_size > 0  # the escape did run
+    assert _processes_with(marker) == []
+    if isolation == "none":  # with bwrap the PIDs it wrote are those of its own namespace
+        pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+        assert len(pids) == 2 and not [p for p in pids if _alive(p)]
+    size = grows.stat().st_size
+    time.sleep(0.3)
+    assert grows.stat().st_size == size
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+async def test_python_runner_leaves_no_process_behind_after_a_normal_exit(tmp_path) -> None:
+    marker = f"leftover-{uuid.uuid4().hex}"
+    code = _ESCAPE.format(marker=marker).replace("time.sleep(60)", "time.sleep(0.3)")
+    runner = PythonRunner(timeout_s=10, isolation="none", writable_dir=str(tmp_path))
+    assert await runner.execute(code=code) == "(no output)"
+    assert _processes_with(marker) == []
+
+
+async def test_bwrap_hides_host_files_and_network(tmp_path) -> None:
+    _bwrap_or_skip()
+    secret = tmp_path / "home" / ".bashrc"
+    secret.parent.mkdir()
+    secret.write_text("export API_KEY=hunter2\n")
+    host_tmp = f"/tmp/python-tool-{uuid.uuid4().hex}"
+    home_file = next((p for p in Path.home().iterdir() if p.is_file()), secret)  # ~/.bashrc...
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code = (
+            "import os, socket\n"
+            f"print(os.path.exists({str(secret)!r}), os.path.exists({str(home_file)!r}),"
+            f" os.path.exists({os.getcwd()!r}))\n"
+            f"open({host_tmp!r}, 'w').write('x')\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError as exc:\n"
+            "    print('no network', exc.errno)\n"
+        )
+        out = await PythonRunner(isolation="bwrap", timeout_s=10).execute(code=code)
+    assert out.splitlines()[0] == "False False False"
+    assert out.splitlines()[1].startswith("no network")
+    assert not os.path.exists(host_tmp)  # its /tmp is its own
+
+
+async def test_python_runner_without_bwrap(monkeypatch, caplog) -> None:
+    """isolation="bwrap" fails loudly where bwrap is missing; "auto" says once that the code
+    runs without file-system and network isolation, and still runs it."""
+    from rollout import code_runner
+
+    monkeypatch.setattr(code_runner, "find_bwrap", lambda: None)
+    code_runner._warn_once.cache_clear()
+    with pytest.raises(ValueError, match="isolation='bwrap' but bwrap is not installed"):
+        await PythonRunner(isolation="bwrap").execute(code="print(1)")
+    with caplog.at_level(logging.WARNING, logger="rollout"):
+        for _ in range(2):
+            assert await PythonRunner().execute(code="print(1)") == "1"
+    lines = [r.getMessage() for r in caplog.records if "WITHOUT file-system" in r.getMessage()]
+    assert len(lines) == 1 and "bwrap is not installed" in lines[0]
+    with pytest.raises(ValueError, match="isolation must be one of auto, bwrap, none"):
+        PythonRunner(isolation="sandbox")

@@ -25,6 +25,16 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# Keys earlier versions accepted, and why they are gone (a config that still sets one fails
+# with this reason instead of a bare "unknown key").
+REMOVED_KEYS = {
+    "background_switch_interval_s": "the tracer no longer changes the interpreter's switch "
+    "interval (nothing process-wide is touched); delete the key",
+    "background_yield_s": "background threads no longer step aside for the rollout (it held "
+    "finished trajectories out of the spool); delete the key",
+}
+
+
 @dataclass
 class TraceConfig:
     """Everything the tracer can be told. Field names follow verl's ``rollout.trace`` section.
@@ -96,15 +106,6 @@ class TraceConfig:
     # run each backend's export calls in a child process, off the rollout's GIL (opt-in:
     # worth it when the rollout itself is Python-bound; costs a process per backend)
     export_in_subprocess: bool = False
-    # while a background stage (processing, export) works, the interpreter's switch interval
-    # is at most this, so the rollout's thread waits that long at most for the GIL after an
-    # await (tracer/gil.py); the user's own value is back when the tracer is idle. None: off
-    background_switch_interval_s: float | None = 0.0005
-    # between items (a trajectory, a record, a batch) a background stage gives the GIL away;
-    # when the rollout's thread was waiting for it, the stage keeps off the GIL this long (at
-    # most once per 0.25 ms of its own work), unless the buffer is half full or a flush waits
-    # (tracer/gil.py: step_aside). None: off
-    background_yield_s: float | None = 0.002
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
     on_backend_error: str = "raise"
     # raise tracer-internal errors instead of logging them (the project's own tests set it)
@@ -136,16 +137,6 @@ class TraceConfig:
                 f"annotation_timeout_s must be >= 0, got {self.annotation_timeout_s!r}")
         if not (self.flush_interval_s > 0):
             raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s!r}")
-        bsi = self.background_switch_interval_s
-        if bsi is not None and (isinstance(bsi, bool) or not isinstance(bsi, (int, float))
-                                or not 0 < bsi <= 1):  # fmt: skip
-            raise ConfigError("background_switch_interval_s must be None (leave the "
-                              f"interpreter's switch interval alone) or in (0, 1] s, got {bsi!r}")
-        byl = self.background_yield_s
-        if byl is not None and (isinstance(byl, bool) or not isinstance(byl, (int, float))
-                                or not 0 < byl <= 0.1):  # fmt: skip
-            raise ConfigError("background_yield_s must be None (background stages never step "
-                              f"aside) or in (0, 0.1] s, got {byl!r}")
         if self.export_max_retries < 0:
             raise ConfigError(f"export_max_retries must be >= 0, got {self.export_max_retries!r}")
         for pattern in self.redact_patterns:
@@ -205,6 +196,8 @@ class TraceConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> TraceConfig:
         valid = {f.name for f in dataclasses.fields(cls)}
+        for key in sorted(set(data) & set(REMOVED_KEYS)):
+            raise ConfigError(f"trace config key {key!r} was removed: {REMOVED_KEYS[key]}")
         unknown = sorted(set(data) - valid)
         if unknown:
             hints = "".join(did_you_mean(key, valid) for key in unknown)

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
 from tracer.errors import InternalErrors, log_every
-from tracer.gil import courtesy, step_aside
 from tracer.record import TrajectoryRecord
 from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
 
@@ -59,7 +58,8 @@ DROP_REASONS = (
 
 
 class _Batch:
-    __slots__ = ("attempted", "key", "n", "nbytes", "own", "path", "records", "seq")
+    __slots__ = ("attempted", "born_ns", "key", "lines", "n", "nbytes", "own", "path", "records",
+                 "seq")  # fmt: skip
 
     def __init__(
         self,
@@ -68,10 +68,13 @@ class _Batch:
         path: Path | None,
         n: int,
         nbytes: int,
+        born_ns: int = 0,
     ) -> None:
+        self.born_ns = born_ns or time.time_ns()  # when its oldest trajectory finished
         self.seq = seq  # lowest sequence number of its trajectories; None for an orphan
         self.own = seq is not None
         self.records = records  # None when it lives only in its spool file
+        self.lines: list[bytes] | None = None  # the records' JSON lines, while in memory
         self.path = path
         self.n = n
         self.nbytes = nbytes
@@ -91,6 +94,8 @@ class ExportWorker:
     ) -> None:
         self.exporter = exporter
         self.name = exporter.name
+        # a byte-oriented backend writes the spool's lines; keep them in memory only for one
+        self.wants_lines = type(exporter).export_encoded is not Exporter.export_encoded
         self.config = config
         self.errors = errors
         self.spool = spool
@@ -128,9 +133,15 @@ class ExportWorker:
         self.thread = thread
 
     def put(
-        self, seq: int, records: list[TrajectoryRecord], lines: list[str] | None, nbytes: int
+        self,
+        seq: int,
+        records: list[TrajectoryRecord],
+        lines: list[bytes] | None,
+        nbytes: int,
+        born_ns: int = 0,
     ) -> None:
-        """Take a batch: to the spool first (when it can), then in line for export."""
+        """Take a batch: to the spool first (when it can), then in line for export.
+        ``born_ns``: when its oldest trajectory finished (the durability lag's clock)."""
         path, reason = None, "spool_full"
         if self.spool is not None and lines:
             try:
@@ -146,12 +157,13 @@ class ExportWorker:
                         "[%d spool errors]", self.name, exc, n)  # fmt: skip
         n = len(records)
         with self.cond:
-            batch = _Batch(seq, records, path, n, nbytes)
+            batch = _Batch(seq, records, path, n, nbytes, born_ns)
             if not self._room(n, nbytes):
                 self._spill(n, nbytes)
             if self._room(n, nbytes):
                 self.held += n
                 self.held_bytes += nbytes
+                batch.lines = lines if self.wants_lines else None
             elif path is not None:
                 batch.records = None  # memory stays bounded: the spool file has it
             else:
@@ -173,7 +185,7 @@ class ExportWorker:
             if self._room(n, nbytes):
                 return
             if b.records is not None and b.path is not None and b is not self._head_inflight():
-                b.records = None
+                b.records = b.lines = None
                 self.held -= b.n
                 self.held_bytes -= b.nbytes
 
@@ -228,7 +240,7 @@ class ExportWorker:
                         return True  # time for an orphan scan
             batch = self.todo[0]
             self.inflight_since = time.monotonic()
-        records = batch.records
+        records, lines = batch.records, batch.lines
         if records is None:
             try:
                 records = read_batch(batch.path) if batch.path is not None else []
@@ -242,7 +254,7 @@ class ExportWorker:
         replay = batch.attempted or not batch.own
         batch.attempted = True
         retries = 0 if (self.down or replay) else self.config.export_max_retries
-        result = self._export(records, retries, replay)
+        result = self._export(records, lines, retries, replay)
         if result is not ExportResult.FAILURE and batch.path is not None and self.spool:
             self.spool.delete(batch.path)  # before flush() can see this batch as done
         with self.cond:
@@ -281,7 +293,7 @@ class ExportWorker:
         if batch.records is not None:
             self.held -= batch.n
             self.held_bytes -= batch.nbytes
-            batch.records = None
+            batch.records = batch.lines = None
 
     def _adopt_orphans(self) -> None:
         assert self.spool is not None
@@ -294,13 +306,14 @@ class ExportWorker:
                 bisect.insort(self.todo, _Batch(None, None, claimed, n, 0), key=lambda b: b.key)
                 self.cond.notify_all()
 
-    def _export(self, batch: Sequence[TrajectoryRecord], retries: int, replay: bool
-                ) -> ExportResult:  # fmt: skip
+    def _export(self, batch: Sequence[TrajectoryRecord], lines: list[bytes] | None,
+                retries: int, replay: bool) -> ExportResult:  # fmt: skip
         delay = 0.25
         for attempt in range(retries + 1):
-            step_aside(self.config.background_yield_s)
             try:
-                with courtesy(self.config.background_switch_interval_s):
+                if lines is not None:
+                    result = self.exporter.export_encoded(batch, lines, replay=replay)
+                else:
                     result = self.exporter.export(batch, replay=replay)
             except Exception as exc:
                 result = ExportResult.FAILURE
@@ -371,6 +384,13 @@ class ExportWorker:
         if self.spool is not None:
             self.spool.release()
         return on_disk, lost
+
+    def oldest_in_memory_ns(self) -> int | None:
+        """When the oldest of the own batches that only memory holds (no spool file, not
+        stored yet) finished; None when every waiting batch is on disk."""
+        with self.cond:
+            born = [b.born_ns for b in self.todo if b.own and b.path is None]
+            return min(born) if born else None
 
     def pending(self) -> int:
         """Own trajectories not yet stored (in memory or in the spool)."""

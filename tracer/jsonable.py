@@ -11,6 +11,8 @@ import dataclasses
 import math
 from typing import Any
 
+import orjson
+
 from tracer.snapshot import ObjectSnapshot, Truncated
 
 MAX_DEPTH = 24
@@ -50,6 +52,39 @@ def _cut_str(s: str, limits: Limits) -> str:
         except UnicodeEncodeError:  # lone surrogates (bytes decoded with surrogateescape)
             s = s.encode("utf-8", "replace").decode("utf-8") + " [invalid UTF-8 replaced]"
     return s
+
+
+# orjson hands these to ``default`` instead of encoding them itself; with no ``default`` given it
+# then raises, and rendering takes the walk below (a dataclass gets its type key there)
+_PLAIN_ONLY = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+               | orjson.OPT_PASSTHROUGH_SUBCLASS)  # fmt: skip
+
+
+def render(x: Any, limits: Limits) -> Any:
+    """``to_jsonable(x, limits)``, at C speed when ``x`` is plain JSON data well inside the
+    limits (a snapshot of messages and token ids usually is): orjson encodes it, which fails on
+    anything the walk would render specially (objects, snapshots, bytes, sets, numpy, huge
+    ints, non-str keys, cycles, invalid UTF-8), and ``x`` itself is the rendering: a snapshot
+    is already a private copy, its tuples already lists (``tracer.snapshot``). It is taken
+    only when the bytes prove the limits cannot apply: no longer than ``max_chars`` (so no
+    string is) nor ``2 * max_items`` (so no list or dict is longer), fewer brackets than
+    ``MAX_DEPTH``, and no ``null`` (a NaN or inf would read as one). One difference remains:
+    an ``Enum`` or ``UUID`` member kept by reference is stored as its value, not its repr."""
+    t = type(x)
+    if t is dict or t is list:
+        try:
+            data = orjson.dumps(x, option=_PLAIN_ONLY)
+        except TypeError:  # orjson.JSONEncodeError: not plain JSON data
+            pass
+        else:
+            if (
+                len(data) <= limits.max_chars
+                and len(data) <= 2 * limits.max_items
+                and b"null" not in data
+                and data.count(b"[") + data.count(b"{") < MAX_DEPTH
+            ):
+                return x
+    return to_jsonable(x, limits)
 
 
 def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None = None) -> Any:

@@ -32,8 +32,15 @@ sample, hash of rollout_n) -- a bottom-k with replacement, released when the ste
 so groups stay whole except at the cut. Without a cap, kept candidates leave as they are
 decided.
 
-Bounded. Held candidates count against the pipeline's buffer (``max_buffer_trajectories`` /
-``max_buffer_bytes``); a candidate that finds no room is dropped as ``not_kept``.
+Bounded, and rules first. Held candidates count against the pipeline's buffer: together with
+the candidates queued there they use at most half of ``max_buffer_trajectories`` /
+``max_buffer_bytes``. A candidate that finds no room to queue is processed at once on the
+submitting thread, so every rule sees every candidate and a match is never dropped unseen.
+When what the rules hold passes ``max_held`` / ``max_held_bytes``, the oldest open step is
+finished early (``tracer/keep/steps_finished_early``): its groups and extremes decide with
+what has arrived, and a later straggler of that step opens it afresh. Finishing early can keep
+more than a complete step would (a group judged on some of its members), never less of what
+matched.
 """
 
 from __future__ import annotations
@@ -129,6 +136,8 @@ class KeepRules:
         group_size: int | None = None,
         predicate: Callable[[TrajectoryRecord], Any] | None = None,
         seed: int = 0,
+        max_held: int | None = None,
+        max_held_bytes: int | None = None,
     ) -> None:
         self.rules = list(rules)
         if predicate is not None and "predicate" not in self.rules:
@@ -143,6 +152,9 @@ class KeepRules:
         self._steps: OrderedDict[tuple[Any, bool], _Step] = OrderedDict()
         self.held = 0  # candidates held (waiting or pooled): count against the buffer
         self.held_bytes = 0
+        self.max_held = max_held
+        self.max_held_bytes = max_held_bytes
+        self.finished_early = 0  # steps finished before their end to stay within max_held
         self.kept: dict[str, int] = {r: 0 for r in self.rules}
         self.candidates = 0
         self.capped = 0
@@ -181,11 +193,18 @@ class KeepRules:
             if entry is not None:
                 entry.waits.discard("observe")
                 self._settle(step, entry, out, dropped)
+            while self._over_bound() and self._steps:  # oldest first, this one last
+                self.finished_early += 1
+                self._finish(next(iter(self._steps)), out, dropped)
         if head:
             tags = ["sampled", *sorted(matched, key=self.priority.__getitem__)]
             record.attributes["kept_by"] = ",".join(tags)
             out.append((seq, record))
         return out, dropped[0]
+
+    def _over_bound(self) -> bool:
+        return (self.max_held is not None and self.held > self.max_held) or (
+            self.max_held_bytes is not None and self.held_bytes > self.max_held_bytes)
 
     def _own_rules(self, record: TrajectoryRecord) -> set[str]:
         rules = set()
@@ -369,6 +388,7 @@ class KeepRules:
                 "tracer/keep/held": self.held,
                 "tracer/keep/held_bytes": self.held_bytes,
                 "tracer/keep/capped": self.capped,
+                "tracer/keep/steps_finished_early": self.finished_early,
                 "tracer/keep/predicate_errors": self.predicate_errors,
             }
             for rule, n in self.kept.items():

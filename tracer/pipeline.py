@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import logging
 import os
 import sys
@@ -32,9 +31,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tracer.backends.base import Exporter, as_exporter
+from tracer.encode import encode_record
 from tracer.errors import InternalErrors, log_every
 from tracer.export_worker import ExportWorker
-from tracer.gil import courtesy, hurry, step_aside, stepped_aside_ns
 from tracer.keep import KeepRules
 from tracer.record import TrajectoryRecord
 from tracer.record_builder import build_record
@@ -50,6 +49,29 @@ log = logging.getLogger("tracer")
 
 # Drop reasons that are decisions, not losses (flush() still returns True)
 NOT_LOSSES = ("evicted_by_sampling", "not_kept")
+
+
+class _Processed:
+    """What one pass of ``_process`` has so far: records for the workers (with their lines,
+    None where one must be made again) and what it counted already."""
+
+    __slots__ = ("born", "from_keep", "handed", "lines", "records", "seqs", "settled")
+
+    def __init__(self) -> None:
+        self.records: list[TrajectoryRecord] = []
+        self.lines: list[bytes | None] = []
+        self.seqs: list[int] = []
+        self.born: list[int] = []  # end times of this pass's own trajectories
+        self.settled = 0  # trajectories of the batch already counted (evicted, build error)
+        self.from_keep = 0  # records the keep rules released (some from earlier batches)
+        self.handed = 0  # workers that have the records
+
+    def add(self, seq: int, record: TrajectoryRecord, line: bytes | None, born_ns: int) -> None:
+        self.seqs.append(seq)
+        self.records.append(record)
+        self.lines.append(line)
+        if born_ns:
+            self.born.append(born_ns)
 
 
 class Pipeline:
@@ -70,10 +92,7 @@ class Pipeline:
         )
         self._init_state()
         self.workers = [self._worker(f()) for f in exporter_factories]
-        self.keep: KeepRules | None = None
-        if config.keep_on:
-            self.keep = KeepRules(config.keep, config.keep_max_per_step, config.keep_group_size,
-                                  config.keep_predicate, config.sampling_seed)  # fmt: skip
+        self.keep = self._keep_rules()
         self._forked = False
         ref = weakref.WeakMethod(self._after_fork)
         os.register_at_fork(after_in_child=lambda: (m := ref()) and m())
@@ -106,10 +125,12 @@ class Pipeline:
         self.wake = threading.Event()
         self.buffered_bytes = 0
         self.submitted = 0  # every trajectory handed to submit; also its sequence number
-        self.in_process: dict[int, tuple[int, int]] = {}  # token -> (lowest seq, count)
+        # token -> (lowest seq, count, oldest end time in ns): batches being processed now
+        self.in_process: dict[int, tuple[int, int, int]] = {}
         self._tokens = itertools.count()
         self.dropped: collections.Counter[str] = collections.Counter()  # before any worker
         self.overflowed = 0
+        self.candidates_inline = 0  # tail candidates processed on the rollout's thread
         self.loop_errors = 0
         self.hot_ns = 0  # the rollout's time inside tracer code, over processed trajectories
         self.hot_trajectories = 0
@@ -124,10 +145,16 @@ class Pipeline:
         self._init_state()
         self.workers = []
         self._forked = True
-        if self.keep is not None:  # the parent decides what it held; the child starts empty
-            c = self.config
-            self.keep = KeepRules(c.keep, c.keep_max_per_step, c.keep_group_size,
-                                  c.keep_predicate, c.sampling_seed)  # fmt: skip
+        self.keep = self._keep_rules()  # the parent decides what it held; the child starts empty
+
+    def _keep_rules(self) -> KeepRules | None:
+        c = self.config
+        if not c.keep_on:
+            return None
+        # what the rules hold waiting for a decision: the buffer's other half
+        return KeepRules(c.keep, c.keep_max_per_step, c.keep_group_size, c.keep_predicate,
+                         c.sampling_seed, max_held=max(1, c.max_buffer_trajectories // 2),
+                         max_held_bytes=max(1, c.max_buffer_bytes // 2))  # fmt: skip
 
     # hot path -------------------------------------------------------------------------
     def submit(self, traj: Trajectory) -> None:
@@ -142,42 +169,48 @@ class Pipeline:
                     return
                 keep = self.keep
                 if keep is not None and not self._room_for_candidate(keep, traj):
-                    self._drop_before_workers(1, "not_kept")
-                    return
-                buffer = self.buffer
-                n = len(buffer)
-                nbytes = traj.nbytes
-                if n < self._max_trajectories and self.buffered_bytes + nbytes <= self._max_bytes:
-                    buffer.append((seq, traj))
-                    self.buffered_bytes += nbytes
-                    if self.processor is None:
-                        self._start()
-                    if n + 1 == self._batch_size:  # once per batch, not on every later submit
-                        self.wake.set()
-                    return
-                if not any(w.spool is not None for w in self.workers):
-                    self._drop_before_workers(1, "buffer_full")
-                    return
-                token = next(self._tokens)
-                self.in_process[token] = (seq, 1)
-                self.overflowed += 1
-                n = self.overflowed
+                    # no room to wait in the buffer: its keep rules decide now, on this thread
+                    # (a rule match is never dropped unseen; the rules bound what they hold)
+                    token = next(self._tokens)
+                    self.in_process[token] = (seq, 1, traj.end_ns)
+                    self.candidates_inline += 1
+                    n = 0
+                else:
+                    buffer = self.buffer
+                    n = len(buffer)
+                    nbytes = traj.nbytes
+                    fits = self.buffered_bytes + nbytes <= self._max_bytes
+                    if n < self._max_trajectories and fits:
+                        buffer.append((seq, traj))
+                        self.buffered_bytes += nbytes
+                        if self.processor is None:
+                            self._start()
+                        if n + 1 == self._batch_size:  # once per batch, not on every later one
+                            self.wake.set()
+                        return
+                    if not any(w.spool is not None for w in self.workers):
+                        self._drop_before_workers(1, "buffer_full")
+                        return
+                    token = next(self._tokens)
+                    self.in_process[token] = (seq, 1, traj.end_ns)
+                    self.overflowed += 1
+                    n = self.overflowed
             self.wake.set()
-            if log_every(n):
+            if n and log_every(n):
                 log.warning(
                     "rollout-tracer: trace buffer full (%d trajectories, %d bytes): finished "
                     "trajectories are written to the spool on the rollout's thread (slower); "
                     "raise max_buffer_trajectories/max_buffer_bytes or sample less [%d so far]",
                     self.config.max_buffer_trajectories, self.config.max_buffer_bytes,
                     n)  # fmt: skip
-            self._process_guarded([(seq, traj)], token, background=False)  # never steps aside
+            self._process_guarded([(seq, traj)], token)
         except Exception as exc:  # never let the tracer break the rollout
             self.errors.report("submitting a trajectory", exc)  # raises only in tests
 
     def _room_for_candidate(self, keep: KeepRules, traj: Trajectory) -> bool:
         """Tail candidates (in the buffer and held by the keep rules) use at most half of the
         buffer's bounds, so they never crowd out head-sampled trajectories; one that finds no
-        room is dropped (``not_kept``), never spilled to disk (caller holds ``lock``)."""
+        room is processed at once on the submitting thread (caller holds ``lock``)."""
         c = self.config
         if (
             len(self.buffer) + keep.held < c.max_buffer_trajectories // 2
@@ -233,15 +266,13 @@ class Pipeline:
                     self.buffered_bytes -= traj.nbytes
                     batch.append((seq, traj))
                 token = next(self._tokens)
-                self.in_process[token] = (batch[0][0], len(batch))
+                self.in_process[token] = (batch[0][0], len(batch),
+                                          min(t.end_ns for _, t in batch))
             self._process_guarded(batch, token)
 
-    def _process_guarded(
-        self, batch: list[tuple[int, Trajectory]], token: int, background: bool = True
-    ) -> None:
+    def _process_guarded(self, batch: list[tuple[int, Trajectory]], token: int) -> None:
         try:
-            with courtesy(self.config.background_switch_interval_s):
-                self._process(batch, self.config.background_yield_s if background else None)
+            self._process(batch)
         except Exception as exc:  # _process settles every trajectory; this is the backstop
             with self.lock:
                 self._drop_before_workers(len(batch), "internal_error")
@@ -250,91 +281,92 @@ class Pipeline:
             with self.lock:
                 del self.in_process[token]
 
-    def _urgent(self) -> bool:
-        """Whether the buffer is half full: processing then never steps aside for the rollout
-        (a full buffer makes the rollout's own thread write the spool)."""
-        return (len(self.buffer) * 2 >= self._max_trajectories
-                or self.buffered_bytes * 2 >= self._max_bytes)  # fmt: skip
-
-    def _lines(self, records: list[TrajectoryRecord], yield_s: float | None) -> list[str]:
-        """The spool's JSON line of each record."""
-        lines = []
-        for r in records:
-            step_aside(yield_s, self._urgent())
-            lines.append(json.dumps(r.to_dict(), ensure_ascii=False, default=str))
-        return lines
-
-    def _process(self, batch: list[tuple[int, Trajectory]], yield_s: float | None) -> None:
-        """Build, redact and serialize records, then hand them to every worker. Every
-        trajectory taken here ends up in a worker or in a drop counter, whatever happens.
-        ``yield_s``: how this stage steps aside for the rollout (None on the rollout's own
-        thread, when the buffer overflowed)."""
-        records: list[TrajectoryRecord] = []
-        seqs: list[int] = []
-        from_keep = 0  # records released by the keep rules (some from earlier batches)
-        nbytes = 0
-        settled = 0  # trajectories of this batch already counted (evicted, build error)
-        handed = 0  # workers that have the records
+    def _process(self, batch: list[tuple[int, Trajectory]]) -> None:
+        """Sample, build, redact, keep, serialize, hand off: each trajectory taken here ends
+        up in a worker or in a drop counter, whatever happens."""
+        out = _Processed()
         try:
             tokenizer = self.tokenizer()
             for seq, traj in batch:
-                step_aside(yield_s, self._urgent())
-                with self.lock:
-                    self.hot_ns += traj.hot_ns
-                    self.hot_trajectories += 1
+                self._count_hot_path(traj)
                 head = self.sampler.confirm(traj.step, traj.sample_index, traj.validate)
                 if not head and self.keep is None:
-                    with self.lock:  # displaced by a sample with a lower hash, by design
-                        self._drop_before_workers(1, "evicted_by_sampling")
-                    settled += 1
+                    self._drop_counted(out, "evicted_by_sampling")  # a lower hash came, by design
                     continue
-                try:
-                    record = build_record(traj, self.config, tokenizer)
-                    if self.redactor is not None:
-                        record = self.redactor.record(record)
-                except Exception as exc:
-                    with self.lock:
-                        self._drop_before_workers(1, "build_error")
-                    settled += 1
-                    self.errors.report("building a trace record", exc, background=True)
+                built = self._build(traj, tokenizer)
+                if built is None:
+                    self._drop_counted(out, "build_error")
                     continue
+                record, line = built
                 if self.keep is not None:  # decided here or later (held, pending)
-                    released, not_kept = self.keep.observe(seq, record, traj.nbytes, head)
-                    settled += 1  # held, dropped or in records (counted in from_keep)
-                    from_keep += len(released)
-                    if not_kept:
-                        with self.lock:
-                            self._drop_before_workers(not_kept, "not_kept")
-                    for kept_seq, kept in released:
-                        seqs.append(kept_seq)
-                        records.append(kept)
+                    self._keep(seq, record, traj.nbytes, head, out)
                     continue
-                seqs.append(seq)
-                records.append(record)
-                nbytes += traj.nbytes
-            if not records:
-                return
-            lines = None
-            if any(w.spool is not None for w in self.workers):
-                lines = self._lines(records, yield_s)
-                nbytes = sum(len(line) for line in lines)
-            elif self.keep is not None:
-                nbytes = 512 * len(records)  # released records: their size is not tracked
-            for w in self.workers:
-                w.put(min(seqs), records, lines, nbytes)
-                handed += 1
+                out.add(seq, record, line, traj.end_ns)
+            self._hand_off(out)
         except Exception as exc:
             # Something unexpected after the trajectories left the buffer: whatever no worker
             # got is counted as lost (never silently), then the loop goes on.
-            if handed == 0:
-                with self.lock:
-                    self._drop_before_workers(len(batch) - settled + from_keep,
-                                              "internal_error")
-            else:
-                for w in self.workers[handed:]:
-                    with w.cond:
-                        w.dropped["internal_error"] += len(records)
+            self._count_unhanded(out, len(batch) - out.settled + out.from_keep)
             self.errors.report("processing trajectories", exc, background=True)
+
+    def _count_hot_path(self, traj: Trajectory) -> None:
+        with self.lock:
+            self.hot_ns += traj.hot_ns
+            self.hot_trajectories += 1
+
+    def _drop_counted(self, out: _Processed, reason: str) -> None:
+        with self.lock:
+            self._drop_before_workers(1, reason)
+        out.settled += 1
+
+    def _build(self, traj: Trajectory, tokenizer: Any) -> tuple[TrajectoryRecord, bytes] | None:
+        """The trajectory's record and its JSON line, redacted; None when it cannot be built
+        (an internal error, logged). The line is made once and serves the redaction check,
+        the spool and byte-oriented backends."""
+        try:
+            record = build_record(traj, self.config, tokenizer)
+            line = encode_record(record)
+            if self.redactor is not None and self.redactor.needs(line):
+                record = self.redactor.record(record)
+                line = encode_record(record)
+            return record, line
+        except Exception as exc:
+            self.errors.report("building a trace record", exc, background=True)
+            return None
+
+    def _keep(self, seq: int, record: TrajectoryRecord, nbytes: int, head: bool,
+              out: _Processed) -> None:  # fmt: skip
+        assert self.keep is not None
+        released, not_kept = self.keep.observe(seq, record, nbytes, head)
+        out.settled += 1  # held, dropped or in out (counted in from_keep)
+        out.from_keep += len(released)
+        if not_kept:
+            with self.lock:
+                self._drop_before_workers(not_kept, "not_kept")
+        for kept_seq, kept in released:
+            out.add(kept_seq, kept, None, 0)  # its line is made again: keep tagged it
+
+    def _hand_off(self, out: _Processed) -> None:
+        """Give the records and their lines to every worker (a line missing is made here)."""
+        if not out.records:
+            return
+        lines = [line if line is not None else encode_record(record)
+                 for record, line in zip(out.records, out.lines, strict=True)]  # fmt: skip
+        nbytes = sum(len(line) for line in lines)
+        born_ns = min(out.born) if out.born else time.time_ns()
+        for w in self.workers:
+            w.put(min(out.seqs), out.records, lines, nbytes, born_ns)
+            out.handed += 1
+
+    def _count_unhanded(self, out: _Processed, before_any: int) -> None:
+        """After an unexpected error: count what no worker got (``before_any`` when none)."""
+        if out.handed == 0:
+            with self.lock:
+                self._drop_before_workers(before_any, "internal_error")
+        else:
+            for w in self.workers[out.handed:]:
+                with w.cond:
+                    w.dropped["internal_error"] += len(out.records)
 
     # keep rules -----------------------------------------------------------------------
     def end_step(self, step: Any, validate: bool | None = None) -> None:
@@ -354,37 +386,21 @@ class Pipeline:
         with self.lock:
             requests, self._end_steps = self._end_steps, []
         for step, validate in requests:
-            self._hand_released(self.keep.end_step(step, validate), self.config.background_yield_s)
+            self._hand_released(self.keep.end_step(step, validate))
 
-    def _hand_released(
-        self, released: tuple[list[tuple[int, TrajectoryRecord]], int], yield_s: float | None
-    ) -> None:
+    def _hand_released(self, released: tuple[list[tuple[int, TrajectoryRecord]], int]) -> None:
         """Hand trajectories the keep rules decided on outside ``_process`` to every worker."""
         kept, not_kept = released
         if not_kept:
             with self.lock:
                 self._drop_before_workers(not_kept, "not_kept")
-        if not kept:
-            return
-        records = [record for _seq, record in kept]
-        handed = 0
+        out = _Processed()
+        for seq, record in kept:
+            out.add(seq, record, None, 0)
         try:
-            lines = None
-            nbytes = 512 * len(records)
-            if any(w.spool is not None for w in self.workers):
-                lines = self._lines(records, yield_s)
-                nbytes = sum(len(line) for line in lines)
-            for w in self.workers:
-                w.put(min(seq for seq, _ in kept), records, lines, nbytes)
-                handed += 1
+            self._hand_off(out)
         except Exception as exc:
-            if handed == 0:
-                with self.lock:
-                    self._drop_before_workers(len(records), "internal_error")
-            else:
-                for w in self.workers[handed:]:
-                    with w.cond:
-                        w.dropped["internal_error"] += len(records)
+            self._count_unhanded(out, len(out.records))
             self.errors.report("handing kept trajectories", exc, background=True)
 
     # control --------------------------------------------------------------------------
@@ -392,16 +408,12 @@ class Pipeline:
         with self.lock:
             if self.buffer and self.buffer[0][0] <= target:
                 return True
-            return any(seq <= target for seq, _ in self.in_process.values())
+            return any(seq <= target for seq, _, _ in self.in_process.values())
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is stored, probing a backend that is down
         until it answers or ``timeout_s`` passes. True only when nothing traced so far is
         still waiting and nothing was lost since the previous flush."""
-        with hurry():  # the caller waits: the stages do not step aside meanwhile
-            return self._flush(timeout_s)
-
-    def _flush(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self.lock:
             target = self.submitted
@@ -416,7 +428,7 @@ class Pipeline:
                 time.sleep(0.005)
                 self.wake.set()
         if self.keep is not None:  # flush decides: every step held so far is finished
-            self._hand_released(self.keep.finish_all(), None)  # the caller's thread
+            self._hand_released(self.keep.finish_all())  # the caller's thread
         if started and ok:
             ok = all([w.wait(target, deadline) for w in self.workers])
         lost = self._lost_total()
@@ -487,9 +499,21 @@ class Pipeline:
         else:  # one line on stderr, also at interpreter exit
             print(line, file=sys.stderr, flush=True)
 
+    def _durability_lag_s(self) -> float:
+        """Age of the oldest finished trajectory that is on neither the spool's disk nor a
+        backend (in the buffer, being processed, or in a memory-only batch); 0 when none. Tail
+        candidates the keep rules hold for their group's decision are not counted here
+        (``tracer/keep/held``). Caller holds ``lock``."""
+        oldest = [t.end_ns for _, t in itertools.islice(self.buffer, 1)]
+        oldest += [born for _, _, born in self.in_process.values()]
+        oldest += [b for w in self.workers if (b := w.oldest_in_memory_ns()) is not None]
+        if not oldest:
+            return 0.0
+        return max(0.0, (time.time_ns() - min(oldest)) / 1e9)
+
     def metrics(self) -> dict[str, Any]:
         with self.lock:
-            pending = len(self.buffer) + sum(n for _, n in self.in_process.values())
+            pending = len(self.buffer) + sum(n for _, n, _ in self.in_process.values())
             if self.keep is not None:
                 pending += self.keep.held
             m: dict[str, Any] = {
@@ -497,6 +521,7 @@ class Pipeline:
                 "tracer/queue_depth": len(self.buffer),
                 "tracer/queue_bytes": self.buffered_bytes,
                 "tracer/overflowed_to_spool": self.overflowed,
+                "tracer/keep/candidates_processed_inline": self.candidates_inline,
                 "tracer/dropped_buffer_full": self.dropped["buffer_full"],
                 "tracer/evicted_by_sampling": self.dropped["evicted_by_sampling"],
                 "tracer/process_errors": self.dropped["build_error"],
@@ -506,8 +531,8 @@ class Pipeline:
                 "tracer/hot_path_ms": self.hot_ns / 1e6,
                 "tracer/hot_path_us_per_trajectory": (
                     self.hot_ns / 1e3 / self.hot_trajectories if self.hot_trajectories else 0.0),
-                # background stages off the GIL while the rollout's thread wanted it (per process)
-                "tracer/stepped_aside_ms": stepped_aside_ns() / 1e6,
+                # age of the oldest finished trajectory on neither disk nor a backend
+                "tracer/durability_lag_s": self._durability_lag_s(),
             }
             for reason, count in self.dropped.items():
                 m[f"tracer/dropped/{reason}"] = count

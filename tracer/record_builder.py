@@ -9,7 +9,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from tracer.fast_decode import fast_decoder
-from tracer.jsonable import Limits, safe_repr, to_jsonable, truncation_marker
+from tracer.jsonable import Limits, render, safe_repr, to_jsonable, truncation_marker
 from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
 from tracer.snapshot import ObjectSnapshot, Truncated
 from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
@@ -42,8 +42,8 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         if end_ns == 0:  # still open when the trajectory ended (abandoned generator, leaked task)
             end_ns = root.end_ns or span.start_ns
             attrs["unfinished"] = True
-        inputs = to_jsonable(span.inputs, limits) if span.inputs is not None else None
-        outputs = to_jsonable(span.outputs, limits) if span.outputs is not None else None
+        inputs = render(span.inputs, limits) if span.inputs is not None else None
+        outputs = render(span.outputs, limits) if span.outputs is not None else None
         if config.token2text and verl:
             _verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
         elif config.token2text:

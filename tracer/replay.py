@@ -1,14 +1,19 @@
 """Replay what a spool holds into its backends: ``rollout-tracer replay`` and ``replay()``.
 
-Each spool folder names its backend and the trace config it was written with (credentials are
-never stored: they come from the environment, as for the run), so replay needs no other
-configuration. Only batch files whose owner is gone are taken (a live tracer replays its own;
-see tracer/spool.py); exports are idempotent, so a batch replayed twice is stored once.
+Each spool folder names its backend and the trace config it was written with, so replay needs
+no other configuration. Credentials are never stored (tracer/credentials.py): a store's address
+is kept as scheme, host, port and path, and the credentials come from the environment, as for
+the run: the backend's own variables (``PGPASSWORD``, ``OTEL_EXPORTER_OTLP_HEADERS``...), or
+a full URI in ``MLFLOW_TRACKING_URI`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` that names the
+same store (its query string, a SAS or presigned signature, is then used). Only batch files
+whose owner is gone are taken (a live tracer replays its own; see tracer/spool.py); exports
+are idempotent, so a batch replayed twice is stored once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +21,23 @@ from typing import Any
 from tracer.backends import create_exporter
 from tracer.backends.base import ExportResult, as_exporter
 from tracer.config import TraceConfig
+from tracer.credentials import store_address
 from tracer.spool import BackendSpool, read_batch, spool_folders
 
 log = logging.getLogger("tracer")
+
+
+# A stored store address (scheme, host, port, path) and the variable that may hold its full URI.
+_ADDRESS_ENV = {"tracking_uri": "MLFLOW_TRACKING_URI",
+                "otlp_endpoint": "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"}  # fmt: skip
+
+
+def _full_addresses(stored: dict[str, Any]) -> None:
+    """Where the environment holds the full URI of a stored address, use it."""
+    for field_name, env in _ADDRESS_ENV.items():
+        address, full = stored.get(field_name), os.environ.get(env)
+        if address and full and store_address(full) == address:
+            stored[field_name] = full
 
 
 @dataclass
@@ -43,6 +62,7 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
     for folder, meta in spool_folders(spool_dir):
         name = meta["backend"]
         stored = dict(meta.get("config") or {})
+        _full_addresses(stored)
         stored.update(overrides or {})
         stored.update({"backend": [name], "spool_dir": spool_dir})
         try:

@@ -180,10 +180,11 @@ def _snap(x: Any, b: _Budget, depth: int) -> Any:
                 total = None
             if type(total) in _NUMBERS:
                 b.nbytes += 8 * n  # the numbers themselves, as the per-item path counts them
-                return list(x) if t is list else x  # token ids: C-speed copy
+                return list(x)  # token ids: C-speed copy
         d = depth + 1
-        items = [_snap(v, b, d) for v in x]
-        return items if t is list else tuple(items)
+        # a tuple's copy is a list: JSON has no tuples, and rendering can then take a snapshot
+        # of plain JSON data as it is (tracer.jsonable.render)
+        return [_snap(v, b, d) for v in x]
     if t is dict:
         n = len(x)
         b.nbytes += 16 * n + 64

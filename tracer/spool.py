@@ -15,8 +15,11 @@ The spool is a safety net, never a single point of failure: when a file cannot b
 exports from memory.
 
 Layout: ``<spool_dir>/<backend>-<destination hash>/`` holds
-- ``destination.json``: backend name and the trace config, without credentials, so
-  ``rollout-tracer replay`` can rebuild the exporter (credentials come from the environment);
+- ``destination.json``: what ``rollout-tracer replay`` needs to rebuild the exporter and find
+  the store, chosen by an allowlist (tracer/credentials.py): the backend name, the store's
+  scheme, host, port and path, the config fields an exporter reads (names, paths, timeouts;
+  URIs reduced the same way), and the names, never the values, of the environment variables
+  replay reads credentials from;
 - one ``<owner>.owner`` lock file per live spool writer; ``owner`` is
   ``<host>_<pid>_<random>``, so a restarted container with the same PID, a second ``init`` in
   one process, and another host on a shared (NFS) folder are all different owners;
@@ -32,7 +35,6 @@ renames it under its own owner first (atomic) replays it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import hashlib
 import json
@@ -45,8 +47,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from tracer.credentials import REPLAY_ENV, store_address
 from tracer.record import TrajectoryRecord, read_jsonl
 
 try:
@@ -118,6 +120,7 @@ class BackendSpool:
             "backend": backend,
             "destination": strip_credentials(destination),
             "config": _config_dict(config),
+            "credentials_from_environment": list(REPLAY_ENV.get(backend, ())),
         }
         tmp = self.dir / f".{DESTINATION_FILE}.{self.owner}.tmp"
         try:
@@ -158,10 +161,11 @@ class BackendSpool:
             if p.suffix == ".jsonl" and not p.name.startswith("."):
                 yield p
 
-    def write(self, lines: list[str]) -> Path | None:
-        """Write one batch as a new file. None when the spool is full (``max_bytes``); raises
-        ``SpoolError`` when the file system refuses (the caller keeps the batch in memory)."""
-        data = ("\n".join(lines) + "\n").encode()
+    def write(self, lines: list[bytes]) -> Path | None:
+        """Write one batch (each record's JSON line, ``tracer.encode``) as a new file. None
+        when the spool is full (``max_bytes``); raises ``SpoolError`` when the file system
+        refuses (the caller keeps the batch in memory)."""
+        data = b"\n".join(lines) + b"\n"
         with self._lock:
             if self.used + len(data) > self.max_bytes:
                 return None
@@ -282,42 +286,30 @@ def spool_folders(root: str) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-_SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth|credential)", re.I)
+def strip_credentials(destination: str) -> str:
+    """A backend's destination (its spool key) as it may be written down: the store's scheme,
+    host, port and path. What follows ``|`` in a key (OTLP routing headers) is dropped."""
+    return store_address(destination.split("|", 1)[0])
 
 
-def strip_credentials(value: str) -> str:
-    """A URI without ``user:password@`` (and without secret-looking query values)."""
-    try:
-        parts = urlsplit(value)
-    except ValueError:
-        return value
-    if not parts.scheme or not parts.netloc:
-        return value
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = parts.query
-    if query:
-        query = "&".join(
-            f"{k}=<redacted>" if _SECRET_KEY.search(k) else f"{k}={v}" if sep else k
-            for k, sep, v in (item.partition("=") for item in query.split("&"))
-        )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+# The config fields replay hands back to an exporter (everything an exporter reads). Anything
+# else (run_salt, redaction patterns, header values, callables) is never written.
+_REPLAY_FIELDS = ("project_name", "experiment_name", "worker_id", "weave_entity",
+                  "mlflow_run_id", "jsonl_path", "export_timeout_s", "export_batch_size",
+                  "export_max_retries", "max_spool_bytes")  # fmt: skip
+_ADDRESS_FIELDS = ("tracking_uri", "otlp_endpoint")
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
-    """The trace config as replay needs it, with no credential: header values, secrets in
-    URIs and callables never reach the disk."""
-    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
-        return {}
+    """The allowlisted fields of the trace config; store URIs as scheme, host, port and path."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if callable(value):
-            continue
-        if f.name.endswith("_headers") and isinstance(value, dict):
-            continue  # Authorization & co: replay takes them from the environment again
-        if isinstance(value, str):
-            value = strip_credentials(value)
-        out[f.name] = value
+    for name in _REPLAY_FIELDS:
+        value = getattr(config, name, None)
+        if value is None or isinstance(value, (str, int, float)):
+            out[name] = value
+    for name in _ADDRESS_FIELDS:
+        value = getattr(config, name, None)
+        out[name] = store_address(value) if isinstance(value, str) else None
     return out
 
 

@@ -12,6 +12,9 @@ Everything the pipeline asks of a backend is declared here once, with its defaul
   the spool): the backend then checks before adding what it cannot upsert. Expected failures
   return ``FAILURE`` (retried, then spooled) or ``REJECTED`` (never retried; counted as lost);
   an unexpected exception counts as ``FAILURE``;
+- ``export_encoded(batch, lines, *, replay=False)``: the same, with each record's JSON line
+  as the spool holds it (``tracer.encode``, redacted); a byte-oriented backend writes these
+  instead of encoding again. By default it calls ``export``;
 - ``force_flush(timeout_s)`` and ``shutdown(timeout_s)``;
 - ``annotate(batch)`` (optional, ``supports_annotations``): attach values computed after the
   rollout (``tracer.annotations.AnnotationRecord``) to traces already stored,
@@ -52,6 +55,11 @@ class Exporter:
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
         raise NotImplementedError
+
+    def export_encoded(
+        self, batch: Sequence[TrajectoryRecord], lines: Sequence[bytes], *, replay: bool = False
+    ) -> ExportResult:
+        return self.export(batch, replay=replay)
 
     def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
         raise NotImplementedError(f"backend {self.name!r} cannot annotate stored traces")

@@ -52,6 +52,7 @@ from typing import Any
 from tracer.annotations import AnnotationRecord
 from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
+from tracer.encode import encode_record
 from tracer.record import TrajectoryRecord, read_jsonl
 
 __all__ = ["JsonlExporter", "default_jsonl_path", "read_jsonl"]
@@ -81,20 +82,27 @@ class JsonlExporter(Exporter):
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
-        lines = []
+        return self.export_encoded(batch, [encode_record(r) for r in batch], replay=replay)
+
+    def export_encoded(
+        self, batch: Sequence[TrajectoryRecord], lines: Sequence[bytes], *, replay: bool = False
+    ) -> ExportResult:
+        """Append the lines the pipeline already made (the spool's bytes), each trajectory
+        once: a record whose id and start were written already is skipped."""
+        new: list[bytes] = []
         ids: dict[str, int] = {}
         with self._lock:
-            for record in batch:
+            for record, line in zip(batch, lines, strict=True):
                 key = record.trace_id
                 if record.start_ns in (self._written.get(key), ids.get(key)):
                     continue
                 ids[key] = record.start_ns
-                lines.append(json.dumps(record.to_dict(), ensure_ascii=False, default=str))
-            if lines:
+                new.append(line)
+            if new:
                 with open(self.path, "a+b") as f:
                     # a writer that crashed mid-line left a fragment: start on a fresh line
                     prefix = b"\n" if f.tell() > 0 and _last_byte(f) != b"\n" else b""
-                    f.write(prefix + ("\n".join(lines) + "\n").encode("utf-8"))
+                    f.write(prefix + b"\n".join(new) + b"\n")
                     f.flush()
                     os.fsync(f.fileno())
                 self._written.update(ids)

@@ -33,6 +33,7 @@ from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.mlflow_bulk import open_bulk_writer
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
+from tracer.credentials import store_address
 from tracer.ids import attempt_trace_id
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_lists, encode_full_lists
@@ -81,8 +82,7 @@ class MlflowExporter(Exporter):
         # sqlite/PostgreSQL stores: one transaction per batch (None: MLflow's own path).
         self.bulk = None if self.is_server else open_bulk_writer(
             self.tracing.store, self.tracking_uri, self.experiment_id,
-            trace_id_of=mlflow_trace_id, reward_name=REWARD_ASSESSMENT,
-            yield_s=config.background_yield_s)
+            trace_id_of=mlflow_trace_id, reward_name=REWARD_ASSESSMENT)
         self._pool: ThreadPoolExecutor | None = None  # reward requests to a tracking server
         self._warned_locked = False
         self.destination = f"{self.tracking_uri}#{self.experiment_id}"  # names the spool
@@ -129,7 +129,7 @@ class MlflowExporter(Exporter):
                         "writers on one sqlite file are slow. For several processes or "
                         "nodes run a tracking server (mlflow server --backend-store-uri %s "
                         "--workers 1) and set tracking_uri=http://HOST:5000.",
-                        self.tracking_uri, self.tracking_uri)
+                        *[store_address(self.tracking_uri)] * 2)
                 raise
         if self.bulk is None:
             self._log_rewards(batch, stored)

@@ -25,10 +25,13 @@ within a batch the first record of an id is the one written. Every insert also s
 already there (``ON CONFLICT DO NOTHING``) and the reward's assessment id is derived from
 (trace id, name), so two writers racing on one id still add each row once.
 
-It relies on MLflow's schema and a few of its internal helpers, so it is used only on a store
-whose schema revision (``alembic_version``) is one it was tested with; anything else uses
-MLflow's ``log_spans`` path (one log line says so). tests/test_mlflow_bulk.py runs both paths
-and compares what MLflow's client reads back.
+It relies on MLflow's schema and on a few of its internal helpers, whose behaviour can change
+in a release that keeps the schema. So it runs only on the exact MLflow versions it was tested
+with (``TESTED_VERSIONS``), each on the schema revision (``alembic_version``) that version
+creates; one log line says which path an exporter takes and why. Anything else is written
+through MLflow's own ``log_spans`` path. tests/test_mlflow_bulk.py runs both paths and compares
+what MLflow's client reads back, and fails when the installed MLflow is not in
+``TESTED_VERSIONS`` (a version bump means running those tests and adding the version here).
 """
 
 from __future__ import annotations
@@ -46,13 +49,15 @@ from types import SimpleNamespace
 from typing import Any
 
 from tracer.backends.otel_spans import encode_all_json, span_attributes
-from tracer.gil import step_aside
+from tracer.credentials import store_address
 from tracer.record import TrajectoryRecord
 
 log = logging.getLogger("tracer")
 
-# alembic revisions of MLflow's tracking schema this writer was tested against (mlflow 3.17.2).
-TESTED_SCHEMA_REVISIONS = frozenset({"dc11669786a5"})
+# The MLflow versions this writer was tested with (tests/test_mlflow_bulk.py), each with the
+# alembic revision of the tracking schema it creates. Add a version only after those tests
+# pass on it: the writer mirrors private helpers that a release may change without a migration.
+TESTED_VERSIONS: dict[str, str] = {"3.17.2": "dc11669786a5"}
 DIALECTS = ("sqlite", "postgresql")
 REQUEST_ID_KEY = "mlflow.traceRequestId"
 
@@ -64,37 +69,54 @@ def open_bulk_writer(
     *,
     trace_id_of: Callable[[str], str],
     reward_name: str,
-    yield_s: float | None = None,
 ) -> BulkWriter | None:
     """A ``BulkWriter`` for ``store`` when it is a SQL store this writer was tested with, else
     None after one log line saying why (the caller then uses MLflow's ``log_spans`` path)."""
     db_type = getattr(store, "db_type", None)
     if db_type not in DIALECTS or not hasattr(store, "ManagedSessionMaker"):
         return None  # not a SQL store (a tracking server): nothing to say
-    try:
-        parts = _mlflow_parts()
-        with store.ManagedSessionMaker() as session:
-            from sqlalchemy import text
-
-            revision = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
-            experiment = store.get_experiment(experiment_id)
-    except Exception as exc:  # an MLflow whose internals moved: its own path still works
-        revision, reason = None, f"cannot use it ({type(exc).__name__}: {exc})"
-    else:
+    version = mlflow_version()
+    tested_revision = TESTED_VERSIONS.get(version)
+    revision = None
+    if tested_revision is None:  # an untested MLflow: none of its internals is touched
         reason = (
-            ""
-            if revision in TESTED_SCHEMA_REVISIONS
-            else f"its schema revision {revision!r} is not one the bulk writer was tested with "
-            f"({', '.join(sorted(TESTED_SCHEMA_REVISIONS))})"
+            f"MLflow {version} is not a version it was tested with "
+            f"({', '.join(sorted(TESTED_VERSIONS))})"
         )
+    else:
+        try:
+            parts = _mlflow_parts()
+            with store.ManagedSessionMaker() as session:
+                from sqlalchemy import text
+
+                query = text("SELECT version_num FROM alembic_version")
+                revision = session.execute(query).scalar()
+                experiment = store.get_experiment(experiment_id)
+        except Exception as exc:  # internals that moved: MLflow's own path still works
+            reason = f"cannot use it ({type(exc).__name__}: {exc})"
+        else:
+            reason = (
+                ""
+                if revision == tested_revision
+                else f"the store's schema revision {revision!r} is not {tested_revision!r}, "
+                f"the one MLflow {version} creates and the bulk writer was tested on"
+            )
+    where = store_address(tracking_uri)
     if reason:
         log.warning(
-            "rollout-tracer: MLflow store %s: %s; writing through MLflow's log_spans and "
-            "log_assessment instead (correct, slower).",
-            _safe_uri(tracking_uri),
+            "rollout-tracer: MLflow store %s: not using the bulk writer: %s; writing through "
+            "MLflow's log_spans and log_assessment instead (correct, slower).",
+            where,
             reason,
         )
         return None
+    log.info(
+        "rollout-tracer: MLflow store %s: bulk writer on (MLflow %s, schema revision %s: a "
+        "version and revision it was tested with).",
+        where,
+        version,
+        revision,
+    )
     return BulkWriter(
         store,
         parts,
@@ -102,18 +124,14 @@ def open_bulk_writer(
         str(experiment.artifact_location),
         trace_id_of=trace_id_of,
         reward_name=reward_name,
-        yield_s=yield_s,
     )
 
 
-def _safe_uri(uri: str) -> str:
-    """``uri`` without its password (a PostgreSQL URI may carry one)."""
-    try:
-        from sqlalchemy.engine import make_url
+def mlflow_version() -> str:
+    """The installed MLflow's version, as the gate above sees it."""
+    import mlflow
 
-        return str(make_url(uri).render_as_string(hide_password=True))
-    except Exception:
-        return uri.split("@")[-1]
+    return str(mlflow.__version__)
 
 
 # Every MLflow name this writer uses (tables, and the helpers _log_spans_once and
@@ -212,10 +230,8 @@ class BulkWriter:
         *,
         trace_id_of: Callable[[str], str],
         reward_name: str,
-        yield_s: float | None = None,
     ) -> None:
         self.store = store
-        self.yield_s = yield_s  # TraceConfig.background_yield_s (tracer/gil.py: step_aside)
         self.m = parts
         self.experiment_id = experiment_id
         self.artifact_location = artifact_location
@@ -257,7 +273,6 @@ class BulkWriter:
         traces = []
         for record in batch:
             if record.spans and record.trace_id not in seen:
-                step_aside(self.yield_s)  # row building is most of a batch's Python work
                 seen.add(record.trace_id)
                 traces.append(self._trace(record))
         if not traces:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import encode_otlp, to_readable_spans
 from tracer.config import TraceConfig
+from tracer.credentials import store_address
 from tracer.record import TrajectoryRecord
 
 log = logging.getLogger("tracer")
@@ -111,7 +112,7 @@ class OtlpExporter(Exporter):
                 log.warning(
                     "rollout-tracer: OTLP export of %d spans to %s failed [%d times]",
                     len(spans),
-                    self.endpoint,
+                    store_address(self.endpoint),
                     self._failures,
                 )
             return ExportResult.FAILURE

@@ -30,10 +30,8 @@ log = logging.getLogger("tracer")
 
 
 def picklable(config: TraceConfig) -> TraceConfig:
-    """The config without callables (the child never redacts: the parent already did) and
-    without the courtesies to a rollout thread (the child has none)."""
-    return dataclasses.replace(config, redact_callback=None, background_switch_interval_s=None,
-                               background_yield_s=None)
+    """The config without callables (the child never redacts: the parent already did)."""
+    return dataclasses.replace(config, redact_callback=None)
 
 
 class SubprocessExporter(Exporter):

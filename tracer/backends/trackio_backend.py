@@ -20,9 +20,20 @@ context (a current run of another project is left running and current), finished
 shutdown. Within a process a trajectory is logged once (a retried batch is not logged twice);
 trackio has no upsert, so a batch replayed by another process after a crash can appear twice.
 
-A batch is in trackio's store when ``export`` returns: it writes the run's queue with
-``Run._flush_queues_inline`` (private; trackio is pinned, 0.43.0) instead of waiting for
-trackio's own sender thread.
+``export`` returns SUCCESS only once trackio has stored the batch; otherwise FAILURE, so the
+batch stays in the spool and is retried (a retry does not log again what trackio still holds).
+trackio 0.43 has no public flush, so this reads what its own sender does (private members,
+checked at start; trackio is pinned, 0.43.0):
+
+- local store: ``Run._flush_queues_inline`` under ``Run._client_lock`` (what its sender thread
+  and ``finish()`` call) writes the queue to its sqlite file. trackio swallows a failed write
+  (one warning, the rows are dropped: a project lock held by another process for 10 s, a full
+  disk), so the run's row count (``SQLiteStorage.get_log_count``) must then hold every row this
+  exporter logged; rows it lacks are logged again at the retry. (In a run shared with the
+  caller, the caller's own rows count too.)
+- a Space or server: its sender thread posts the queue in the background and keeps what the
+  server refused in a local buffer that it sends later. Stored means its queue, its batch in
+  flight and that buffer are all empty; ``force_flush`` waits for that, at most its timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from __future__ import annotations
 import collections
 import json
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +50,10 @@ from tracer.config import TraceConfig
 from tracer.record import STYLE_KEY, SpanRecord, TrajectoryRecord
 
 MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-logging a retried batch
+POLL_S = 0.05  # how often force_flush looks at a remote run's sender
+# What force_flush reads of a trackio Run (trackio 0.43.0; see the module docstring).
+_RUN_MEMBERS = ("_is_local", "_client_lock", "_queue_lock", "_flush_queues_inline",
+                "_queued_logs", "_sending_batch", "_has_local_buffer", "id")  # fmt: skip
 
 
 def trace_key(op_name: str) -> str:
@@ -148,38 +164,90 @@ class TrackioExporter(Exporter):
         self._owns_run = current is None or current.project != config.project_name
         self.run: Any = _own_run(config) if self._owns_run else current
         self.destination = f"trackio:{self.run.project}/{self.run.name}"  # names the spool
+        missing = [m for m in _RUN_MEMBERS if not hasattr(self.run, m)]
+        if missing:
+            if self._owns_run:
+                self.run.finish()
+            raise RuntimeError(
+                f"the trackio backend cannot tell when trackio {trackio.__version__} has "
+                f"stored a batch (its Run lacks {', '.join(missing)}); it was tested with "
+                "trackio 0.43.0: pip install trackio==0.43.0"
+            )
         self._lock = threading.Lock()
+        # trace ids trackio has stored, and those logged but not known to be stored yet (with
+        # the number of rows each added)
         self._logged: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._unconfirmed: dict[str, int] = {}
+        self._rows_before = self._stored_rows() if self.run._is_local else 0
+        self._rows_confirmed = 0
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
         with self._lock:
-            todo = [r for r in batch if r.trace_id not in self._logged]
+            todo = [r for r in batch if r.trace_id not in self._logged
+                    and r.trace_id not in self._unconfirmed]  # fmt: skip
         for record in todo:
             own_root = record.attributes.get(STYLE_KEY) == "verl-op"
             step = _step(record)
-            for span in record.spans if own_root else record.spans[1:]:
+            spans = record.spans if own_root else record.spans[1:]
+            for span in spans:
                 messages, metadata = trace_payload(record, span)
                 self.run.log(
                     {trace_key(span.name): self._trace(messages=messages, metadata=metadata)},
                     step=step,
                 )
             with self._lock:
-                self._logged[record.trace_id] = None
-                while len(self._logged) > MAX_REMEMBERED:
-                    self._logged.popitem(last=False)
-        self.force_flush()  # written when export returns, like every other backend
-        return ExportResult.SUCCESS
+                self._unconfirmed[record.trace_id] = len(spans)
+        # stored when export returns, like every other backend; else pending (spooled, retried)
+        stored = self.force_flush(self.config.export_timeout_s)
+        return ExportResult.SUCCESS if stored else ExportResult.FAILURE
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
-        flush = getattr(self.run, "_flush_queues_inline", None)
-        lock = getattr(self.run, "_client_lock", None)
-        if flush is None or lock is None or not getattr(self.run, "_is_local", False):
-            return True  # a remote run sends in its own background thread
-        with lock:
-            flush()
+        """True once trackio has stored everything logged so far (see the module docstring);
+        False when it has not within ``timeout_s`` (a remote run) or lost rows (local)."""
+        with self._lock:
+            pending = dict(self._unconfirmed)
+        run = self.run
+        if run._is_local:
+            with run._client_lock:
+                run._flush_queues_inline()
+            expected = self._rows_confirmed + sum(pending.values())
+            if self._stored_rows() - self._rows_before < expected:
+                with self._lock:  # trackio dropped rows: log these trajectories again
+                    for trace_id in pending:
+                        self._unconfirmed.pop(trace_id, None)
+                return False
+            self._rows_confirmed = expected
+        elif not self._wait_sent(timeout_s):
+            return False
+        with self._lock:
+            for trace_id in pending:
+                self._unconfirmed.pop(trace_id, None)
+                self._logged[trace_id] = None
+            while len(self._logged) > MAX_REMEMBERED:
+                self._logged.popitem(last=False)
         return True
+
+    def _wait_sent(self, timeout_s: float) -> bool:
+        """Wait until a remote run's sender has nothing left: queue, batch in flight, and the
+        local buffer of what the server refused."""
+        run = self.run
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with run._queue_lock:
+                if not run._queued_logs and run._sending_batch is None and not (
+                    run._has_local_buffer
+                ):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+
+    def _stored_rows(self) -> int:
+        from trackio.sqlite_storage import SQLiteStorage
+
+        return int(SQLiteStorage.get_log_count(self.run.project, run_id=self.run.id))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         if self._owns_run:

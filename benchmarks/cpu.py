@@ -1,0 +1,256 @@
+"""Whole-process CPU per durable trajectory: ours against the OpenTelemetry SDK, same payload.
+
+Each mode runs in its own interpreter. It times the process's CPU (``time.process_time``: every
+thread, so the background's work counts) from the first op until the data is durable in a
+local file (``flush``/``force_flush`` returned), minus the same loop untraced, per trajectory.
+
+The workload, per trajectory (7 ops): 3 generate calls, each with 300 prompt ids, 100 response
+ids and 4 messages; 3 tool calls; a reward.
+
+- ``ours``: the default config into JSONL (redaction on, spool on).
+- ``otel``: a ``BatchSpanProcessor`` and an exporter writing each span's ``to_json()`` line to
+  a file, inputs and outputs as JSON attributes, the way GenAI instrumentations record them.
+- ``ours_stages``: our background stages alone over the same trajectories, timed one by one
+  (where the CPU goes).
+
+    python -m benchmarks.cpu --json out.json [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import QUIET_ENV, ROOT, section_main
+
+SYSTEM = {"role": "system", "content": "You are a careful math tutor. Use the calculator. " * 4}
+
+
+def _messages(i: int, turn: int) -> list[dict[str, str]]:
+    return [
+        SYSTEM,
+        {"role": "user", "content": f"Problem {i}: a train leaves at {i % 12} o'clock. " * 3},
+        {"role": "assistant", "content": f"Turn {turn}: let me compute 6*7 first. " * 4},
+        {"role": "tool", "content": "42"},
+    ]
+
+
+PROMPT_IDS = list(range(5000, 5300))
+RESPONSE_IDS = list(range(9000, 9100))
+
+
+def _workload(n: int, generate: Any, tool: Any, reward: Any, trajectory: Any) -> None:
+    for i in range(n):
+        with trajectory(i):
+            text = ""
+            for turn in range(3):
+                out = generate(_messages(i, turn), PROMPT_IDS)
+                text = out["text"]
+                tool("calculator", {"expression": f"6*{turn + 7}"})
+            reward(text)
+
+
+def _generate_result() -> dict[str, Any]:
+    return {"text": "Let me compute. <tool_call>{\"expression\": \"6*7\"}</tool_call>",
+            "response_ids": RESPONSE_IDS, "finish_reason": "stop"}  # fmt: skip
+
+
+def mode_untraced(n: int, tmp: str) -> None:
+    import contextlib
+
+    def generate(messages: Any, prompt_ids: Any) -> dict[str, Any]:
+        return _generate_result()
+
+    def tool(name: str, args: Any) -> dict[str, Any]:
+        return {"result": "42"}
+
+    def reward(text: str) -> float:
+        return 1.0
+
+    _workload(n, generate, tool, reward, lambda i: contextlib.nullcontext())
+
+
+def mode_ours(n: int, tmp: str) -> None:
+    import tracer
+
+    tracer.init(backend="jsonl", jsonl_path=f"{tmp}/ours.jsonl", spool_dir=f"{tmp}/spool")
+
+    @tracer.trace_op(kind="generate")
+    def generate(messages: Any, prompt_ids: Any) -> dict[str, Any]:
+        return _generate_result()
+
+    @tracer.trace_op(kind="tool")
+    def tool(name: str, args: Any) -> dict[str, Any]:
+        return {"result": "42"}
+
+    @tracer.trace_op(kind="reward")
+    def reward(text: str) -> float:
+        return 1.0
+
+    _workload(n, generate, tool, reward,
+              lambda i: tracer.trace_attr(step=0, sample_index=i, rollout_n=0))  # fmt: skip
+    assert tracer.flush(600)
+    with open(f"{tmp}/ours.jsonl", "rb") as f:
+        lines = sum(1 for _ in f)
+    assert lines == n, (lines, n)
+
+
+def mode_otel(n: int, tmp: str) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class FileExporter(SpanExporter):
+        def __init__(self, path: str) -> None:
+            self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed at shutdown)
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.f.write("".join(s.to_json(indent=None) + "\n" for s in spans))
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            self.f.close()
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(FileExporter(f"{tmp}/otel.jsonl")))
+    t = provider.get_tracer("bench")
+
+    def op(name: str, kind: str, fn: Any) -> Any:
+        def wrapper(*args: Any) -> Any:
+            with t.start_as_current_span(name) as span:
+                span.set_attribute("gen_ai.operation.name", kind)
+                span.set_attribute("input.value", json.dumps(args))
+                result = fn(*args)
+                span.set_attribute("output.value", json.dumps(result))
+                return result
+
+        return wrapper
+
+    generate = op("generate", "chat", lambda m, p: _generate_result())
+    tool = op("tool", "execute_tool", lambda name, a: {"result": "42"})
+    reward = op("reward", "reward", lambda text: 1.0)
+
+    def trajectory(i: int) -> Any:
+        return t.start_as_current_span("trajectory", attributes={
+            "step": 0, "sample_index": i, "rollout_n": 0})  # fmt: skip
+
+    _workload(n, generate, tool, reward, trajectory)
+    assert provider.force_flush(600_000)
+    provider.shutdown()
+
+
+def stages(n: int, tmp: str) -> dict[str, float]:
+    """Our background's stages over ``n`` trajectories, each timed apart (µs per trajectory)."""
+    import tracer
+    from tracer.encode import encode_record
+    from tracer.record_builder import build_record
+
+    tracer.init(backend="jsonl", jsonl_path=f"{tmp}/st.jsonl", spool_dir=f"{tmp}/spool-st",
+                flush_interval_s=3600.0, export_batch_size=10**7,
+                max_buffer_trajectories=10**7, max_buffer_bytes=2**40)  # fmt: skip
+
+    @tracer.trace_op(kind="generate")
+    def generate(messages: Any, prompt_ids: Any) -> dict[str, Any]:
+        return _generate_result()
+
+    @tracer.trace_op(kind="tool")
+    def tool(name: str, args: Any) -> dict[str, Any]:
+        return {"result": "42"}
+
+    @tracer.trace_op(kind="reward")
+    def reward(text: str) -> float:
+        return 1.0
+
+    t0 = time.process_time()
+    _workload(n, generate, tool, reward,
+              lambda i: tracer.trace_attr(step=0, sample_index=i, rollout_n=0))  # fmt: skip
+    hot = time.process_time() - t0
+    pipeline = tracer.get_tracer().pipeline
+    assert pipeline is not None
+    trajs = [traj for _seq, traj in pipeline.buffer]
+    pipeline.buffer.clear()
+    config = tracer.get_tracer().config
+    redactor = pipeline.redactor
+    assert redactor is not None
+    t0 = time.process_time()
+    records = [build_record(traj, config, None) for traj in trajs]
+    build = time.process_time() - t0
+    t0 = time.process_time()
+    lines = [encode_record(r) for r in records]
+    encode = time.process_time() - t0
+    t0 = time.process_time()
+    hits = sum(redactor.needs(line) for line in lines)
+    gate = time.process_time() - t0
+    t0 = time.process_time()
+    for r in records:
+        redactor.record(r)
+    full = time.process_time() - t0
+    worker = pipeline.workers[0]
+    t0 = time.process_time()
+    worker.put(1, records, lines, sum(map(len, lines)))
+    spool = time.process_time() - t0
+    t0 = time.process_time()
+    worker.exporter.export_encoded(records, lines)
+    export = time.process_time() - t0
+    tracer.reset()
+    us = 1e6 / n
+    return {"hot_path": hot * us, "build_record": build * us, "serialize": encode * us,
+            "redaction_check": gate * us, "redaction_full_pass_if_needed": full * us,
+            "spool_write": spool * us, "jsonl_write": export * us,
+            "records_needing_redaction": hits}  # fmt: skip
+
+
+MODES = {"untraced": mode_untraced, "ours": mode_ours, "otel": mode_otel}
+
+
+def _child(mode: str, n: int) -> float:
+    """CPU seconds of ``mode`` over ``n`` trajectories in a fresh interpreter, its imports
+    and init included (``run`` subtracts a 1-trajectory run of the same mode)."""
+    code = (
+        "import sys, time, tempfile, json; from benchmarks import cpu; "
+        "tmp = tempfile.mkdtemp(); "
+        "t0 = time.process_time(); "
+        f"cpu.MODES[{mode!r}]({n}, tmp); "
+        "print(json.dumps(time.process_time() - t0))"
+    )
+    env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=900, check=True)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _imports_cpu(mode: str) -> float:
+    """CPU of importing and initialising a mode with 1 trajectory (subtracted from its run)."""
+    return _child(mode, 1)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    n = 300 if quick else 1500
+    repeats = 2 if quick else 5
+    per: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(repeats):  # interleaved: drift on a shared machine hits every mode alike
+        for mode in MODES:
+            per[mode].append(_child(mode, n) - _imports_cpu(mode))
+    med = {m: statistics.median(v) for m, v in per.items()}
+    cost = {m: (med[m] - med["untraced"]) / n * 1e6 for m in ("ours", "otel")}
+    with tempfile.TemporaryDirectory() as tmp:
+        stage_us = stages(n, tmp)
+    return {
+        "n": n,
+        "repeats": repeats,
+        "cpu_s": {m: [round(x, 3) for x in v] for m, v in per.items()},
+        "us_per_durable_trajectory": {m: round(v, 1) for m, v in cost.items()},
+        "ratio_ours_to_otel": round(cost["ours"] / cost["otel"], 3),
+        "ours_stages_us": {k: round(v, 1) for k, v in stage_us.items()},
+    }
+
+
+if __name__ == "__main__":
+    section_main(run)

@@ -1,0 +1,177 @@
+"""The lean pipeline's shortcuts store exactly what the long way stores.
+
+- ``render`` (C-speed rendering of plain JSON snapshots) equals ``to_jsonable`` on every value.
+- The redaction check on a serialized record never says "nothing to redact" when the per-field
+  pass would change something.
+- One serialization per record: byte-oriented backends receive the spool's bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracer
+from tracer.backends import register_backend
+from tracer.backends.base import Exporter, ExportResult
+from tracer.encode import encode, encode_record
+from tracer.jsonable import MAX_DEPTH, Limits, render, to_jsonable
+from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.redact import Redactor
+from tracer.snapshot import snapshot
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+
+
+def _deep(n: int) -> Any:
+    value: Any = 1
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+VALUES = [
+    {"messages": [{"role": "user", "content": "hi"}], "prompt_ids": list(range(300))},
+    {"text": "x" * 50, "n": 3, "ok": True, "ratio": 0.5},
+    [1, 2, 3],
+    {"nan": float("nan"), "inf": [1.0, float("-inf")]},  # non-finite floats become strings
+    {"none": None, "a": 1},
+    {"long": "y" * 500},  # past max_chars below: cut with a marker
+    {"ids": list(range(100))},  # past max_items below
+    _deep(MAX_DEPTH + 3),
+    {"tuple": (1, 2, (3, 4))},
+    {1: "int key", (2, 3): "tuple key"},
+    {"bytes": b"\x00\xffraw"},
+    {"set": {3, 1, 2}},
+    {"point": Point(1, 2.0)},
+    {"surrogate": "bad \udcff byte"},
+    {"big": 2**80},
+    {"unicode": "héllo wörld ✓"},
+]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=range(len(VALUES)))
+def test_render_equals_the_walk(value: Any) -> None:
+    limits = Limits(200, 50)
+    snap, _ = snapshot(value)
+    assert encode(render(snap, limits)) == encode(to_jsonable(snap, limits))
+
+
+def test_a_rendered_snapshot_is_not_the_callers_object() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    snap, _ = snapshot({"messages": messages})
+    rendered = render(snap, Limits(200_000, 20_000))
+    messages.append({"role": "assistant", "content": "later"})  # the agent loop goes on
+    assert rendered == {"messages": [{"role": "user", "content": "hi"}]}
+
+
+SECRETS = [
+    "sk-proj-abcdefghijklmnopqrstuvwx",
+    "wandb_api_key=0123456789abcdefghijklmno",
+    "0123456789abcdef0123456789abcdef01234567",  # a W&B key: 40 hex digits
+    "AKIAABCDEFGHIJKLMNOP",
+    "aws_secret_access_key = abcdefghijklmnopqrstuvwxyz0123456789ABCD",
+    "Authorization: Bearer abc.def-ghi_jkl",
+    "hf_abcdefghijklmnopqrstuvwxyz",
+    "\nsk-abcdefghijklmnopqrstuvwx",  # escaped in JSON: the check must still see it
+    'quote"sk-abcdefghijklmnopqrstuvwx',
+]
+
+
+def _record(text: str) -> TrajectoryRecord:
+    span = SpanRecord(span_id="0" * 16, parent_id=None, name="generate", kind="generate",
+                      start_ns=1, end_ns=2, status="OK", error=None,
+                      inputs={"messages": [{"role": "user", "content": text}]},
+                      outputs={"text": "fine", "ids": list(range(50))},
+                      attributes={})  # fmt: skip
+    return TrajectoryRecord(trace_id="1" * 32, name="trajectory", project_name="p",
+                            experiment_name="e", worker_id="w", step=0, sample_index=0,
+                            rollout_n=0, validate=False, policy_version=None, reward=None,
+                            status="OK", start_ns=1, end_ns=2, attributes={},
+                            spans=[span])  # fmt: skip
+
+
+def _changes(redactor: Redactor, text: str) -> bool:
+    before = encode_record(_record(text))
+    return encode_record(redactor.record(_record(text))) != before
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+def test_the_check_sees_every_secret_the_per_field_pass_removes(secret: str) -> None:
+    redactor = Redactor([])
+    text = f"some prose before {secret} and after"
+    assert _changes(redactor, text)
+    assert redactor.needs(encode_record(_record(text)))
+
+
+def test_the_check_sees_secret_environment_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", 'tok"en-with\\escapes-123')
+    redactor = Redactor([])
+    text = 'the value tok"en-with\\escapes-123 leaked'
+    assert _changes(redactor, text) and redactor.needs(encode_record(_record(text)))
+
+
+def test_the_check_is_a_superset_on_random_text() -> None:
+    rng = random.Random(7)  # a private generator: the test's own, never the global one
+    alphabet = "abcdef0123456789 -_=:ABKISsk\n\"'wandbearerhf"
+    redactor = Redactor([])
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(5, 120)))
+        if rng.random() < 0.2:
+            text += rng.choice(SECRETS)
+        if _changes(redactor, text):
+            assert redactor.needs(encode_record(_record(text))), text
+
+
+def test_clean_records_skip_the_per_field_pass() -> None:
+    assert not Redactor([]).needs(encode_record(_record("What is 6*7? The answer is 42.")))
+    assert Redactor([r"secret-\d+"]).needs(b"{}")  # user patterns always take the long way
+
+
+class _Bytes(Exporter):
+    """Records what the pipeline hands a byte-oriented backend; its first call waits so that
+    the spool file can be read before it is deleted."""
+
+    name = "bytes_spy"
+    got: list[bytes] = []
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def __init__(self, config: Any = None) -> None:
+        pass
+
+    def export(self, batch: Any, *, replay: bool = False) -> ExportResult:
+        raise AssertionError("the pipeline had the lines: export_encoded must be used")
+
+    def export_encoded(self, batch: Any, lines: Any, *, replay: bool = False) -> ExportResult:
+        _Bytes.entered.set()
+        _Bytes.gate.wait(30)
+        _Bytes.got.extend(lines)
+        return ExportResult.SUCCESS
+
+
+def test_byte_backends_get_the_spools_bytes(tmp_path: Path) -> None:
+    register_backend("bytes_spy", _Bytes)
+    _Bytes.got, _ = [], _Bytes.gate.clear()
+    tracer.init(backend="bytes_spy", spool_dir=str(tmp_path / "spool"), flush_interval_s=0.05)
+    try:
+        for i in range(5):
+            with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+                pass
+        assert _Bytes.entered.wait(30)
+        spooled = [p.read_bytes() for p in (tmp_path / "spool").rglob("*.jsonl")]
+        _Bytes.gate.set()
+        assert tracer.flush(30)
+    finally:
+        _Bytes.gate.set()
+        tracer.reset()
+    assert b"".join(spooled).splitlines() == _Bytes.got
