@@ -95,6 +95,12 @@ def test_a_retried_sample_is_two_traces_in_sqlite_mlflow(
     assert _mlflow_rewards(mlflow_uri) == {
         ("7", "0"): [0.25], ("7", "1"): [0.75], ("8", "0"): [1.0]}  # fmt: skip
     assert len(search_traces(mlflow_uri, EXP, "tags.attempt = '1'")) == 1
+    # the export's trajectories table tells the attempts apart
+    from tracer.readers.export import read_tables
+
+    table = read_tables("mlflow", experiment=EXP, tracking_uri=mlflow_uri).trajectories
+    got = sorted(zip(table["sample_index"], table["attempt"], table["reward"], strict=True))
+    assert got == [(7, 0, 0.25), (7, 1, 0.75), (8, 0, 1.0)]
 
 
 def test_a_retried_sample_is_two_traces_on_a_tracking_server(tmp_path: Path) -> None:
