@@ -86,6 +86,7 @@ def test_genai_semconv_attributes() -> None:
     assert root.attributes["mlflow.traceTag.step"] == "1"
     assert root.attributes["mlflow.traceTag.sample_index"] == "4"
     assert root.attributes["mlflow.traceTag.rollout_n"] == "2"
+    assert root.attributes["mlflow.traceTag.attempt"] == "0"
     assert root.attributes["mlflow.traceTag.reward"] == "1.0"
     for key in record.tags():
         assert f"mlflow.traceTag.{key}" in root.attributes

@@ -84,6 +84,7 @@ def test_trajectories_become_weave_call_trees(weave_server: InProcessWeaveServer
         assert attrs["step"] == 1
         assert attrs["rollout_n"] == attrs["sample_index"]
         assert attrs["validate"] is False
+        assert attrs["attempt"] == 0
         assert attrs["experiment_name"] == "grpo"
         assert attrs["worker_id"] == tracer.get_tracer().config.worker_id
         assert root["output"]["reward"] == 1.0

@@ -88,15 +88,20 @@ def _annotate_in_subprocess(tmp: Path, uri: str, values: dict[str, Any]) -> None
         for key, vals in json.loads(sys.argv[2]).items():
             step, sample, n = map(int, key.split(","))
             tracer.annotate(step=step, sample_index=sample, rollout_n=n, values=vals)
-        # a sample that was never traced: skipped, not an error
+        # a sample never traced: this process cannot tell "not sampled" from "not stored
+        # yet", so it waits annotation_timeout_s, then counts it lost, and flush says so once
         tracer.annotate(step=1, sample_index=99, rollout_n=0, values={"train_logprob": [0.0]})
-        assert tracer.flush(60)
+        assert not tracer.flush(60)
         m = tracer.metrics()
-        assert m["tracer/annotations/mlflow/skipped"] == 1, m
+        assert m["tracer/annotations/mlflow/annotation_lost"] == 1, m
+        assert m["tracer/annotations/mlflow/applied"] == len(json.loads(sys.argv[2])), m
+        assert m.get("tracer/annotations/mlflow/skipped", 0) == 0, m
+        assert tracer.flush(60)
         print(json.dumps(m))
     """)
     config = _config(tmp, uri)
     config["raise_internal_errors"] = True
+    config["annotation_timeout_s"] = 2
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp),
            "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "true"}  # fmt: skip
     argv = [sys.executable, "-c", script, json.dumps(config), json.dumps(values)]

@@ -204,6 +204,7 @@ async def test_rollout_trace_with_trackio_backend(trackio_dir: Path) -> None:
     assert trace["messages"][0]["content"] == "verl rollout trace operation: TracedClass.my_method"
     assert trace["metadata"]["step"] == 1
     assert trace["metadata"]["sample_index"] == 2
+    assert trace["metadata"]["attempt"] == 0
     assert trace["step"] == 1
 
 

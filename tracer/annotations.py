@@ -38,7 +38,11 @@ RECORD_TYPE = "annotation"  # the ``record_type`` of an annotation line in a JSO
 
 @dataclass
 class AnnotationRecord:
-    """What ``tracer.annotate`` hands every backend: encoded values for one trace."""
+    """What ``tracer.annotate`` hands every backend: encoded values for one trace.
+
+    ``attempt`` None: the caller named no attempt and this process did not trace one, so
+    ``trace_id`` is attempt 0's and a backend that can look traces up annotates the latest
+    attempt it holds (``tracer.ids.attempt_trace_id``)."""
 
     trace_id: str
     step: Any
@@ -48,6 +52,7 @@ class AnnotationRecord:
     created_ns: int
     # name -> "f32:<base64>" (per token, model tokens only) or a float (per trajectory)
     values: dict[str, Any] = field(default_factory=dict)
+    attempt: int | None = None
 
     @property
     def span_id(self) -> str:

@@ -6,11 +6,21 @@ process of the run), a trajectory's trace id is derived from the salt and its id
 (project, experiment, step, sample_index, rollout_n, validate; ``tracer.ids``). ``annotate``
 computes the same id from the same identity; no lookup table crosses processes.
 
+A sample run again is a new attempt with its own trace (``tracer.attempts``). An annotation
+that names no attempt goes to the latest: the one this process traced last, else the latest a
+backend that can look traces up holds (MLflow); a backend that cannot (JSONL) gets attempt 0.
+
 The caller's cost is a copy of the arrays and a queue put (never blocking; a full queue drops
 the annotation and counts it). One background thread decodes masks, encodes the arrays
 (``tracer.tokens``) and hands batches to the backends, through exporters of its own (the
-export workers' exporters are never called from two threads). A backend that finds no trace
-(the trajectory was not sampled) skips it with one lookup and counts it ``skipped``.
+export workers' exporters are never called from two threads).
+
+An annotation whose trace a backend does not hold yet (the trajectory has just ended, or the
+backend is down) is pending: it is tried again every ``RETRY_INTERVAL_S`` until the trace is
+there or ``annotation_timeout_s`` has passed since ``annotate``, then counted
+``annotation_lost``. ``flush()`` waits for pending annotations and returns False while any is
+left, or when one was lost since the previous flush. ``skipped`` counts only annotations of
+trajectories this process knows were not sampled (its own sampler turned them down).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.annotations import AnnotationRecord
 from tracer.backends import create_exporter
 from tracer.backends.base import as_exporter
-from tracer.errors import InternalErrors
+from tracer.errors import InternalErrors, log_every
 from tracer.tokens import as_float_list, encode_floats
 
 if TYPE_CHECKING:
@@ -34,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tracer")
 
 MASK_NAMES = ("response_mask", "loss_mask")
-_RETRIES = 3
+RETRY_INTERVAL_S = 0.25  # how often pending annotations look for their trace again
 
 
 def copy_value(value: Any) -> Any:
@@ -79,6 +89,8 @@ def encode_values(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class Annotator:
+    """The background half of ``tracer.annotate``; see the module docstring."""
+
     def __init__(self, config: TraceConfig) -> None:
         self.config = config
         self.errors = InternalErrors(config.raise_internal_errors)
@@ -88,17 +100,17 @@ class Annotator:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.idle = threading.Condition(self.lock)
-        self.in_flight = 0
+        self.in_flight = 0  # queued, being encoded, or being tried
+        # per backend: annotations whose trace it does not hold yet, with their deadline
+        self.waiting: dict[str, list[tuple[AnnotationRecord, float]]] = {
+            name: [] for name in config.backends
+        }
+        # made on the background thread (the caller never waits for a backend, which may be
+        # down); a backend that cannot annotate leaves ``waiting``
+        self.exporters: dict[str, Exporter] = {}
         self.counts: collections.Counter[str] = collections.Counter()
+        self._lost_at_last_flush = 0
         self.closed = False
-        self.exporters: list[Exporter] = []
-        for name in config.backends:
-            exporter = as_exporter(create_exporter(name, config))
-            if exporter.supports_annotations:
-                self.exporters.append(exporter)
-            else:
-                log.warning("rollout-tracer: backend %r cannot annotate stored traces; "
-                            "annotations skip it", name)  # fmt: skip
         self.thread = threading.Thread(target=self._run, name="rollout-tracer-annotator",
                                        daemon=True)  # fmt: skip
         self.thread.start()
@@ -114,65 +126,166 @@ class Annotator:
         self.wake.set()
         return True
 
+    def skip(self) -> None:
+        """An annotation of a trajectory this process did not sample: nothing to store."""
+        with self.lock:
+            self.counts["submitted"] += 1
+            for name in self.waiting:
+                self.counts[f"{name}/skipped"] += 1
+
+    def _pending(self) -> int:
+        return sum(len(w) for w in self.waiting.values())
+
     def _run(self) -> None:
         while not self.closed:
-            self.wake.wait(self.config.flush_interval_s)
+            with self.lock:
+                pending = self._pending()
+            self.wake.wait(RETRY_INTERVAL_S if pending else self.config.flush_interval_s)
             self.wake.clear()
-            while True:
-                with self.lock:
-                    n = min(len(self.queue), self.config.export_batch_size)
-                    batch = [self.queue.popleft() for _ in range(n)]
-                if not batch:
-                    break
-                try:
-                    self._process(batch)
-                except Exception as exc:  # the loop never dies
-                    self.counts["failed"] += len(batch)
-                    self.errors.report("annotating", exc, background=True)
-                finally:
-                    with self.lock:
-                        self.in_flight -= len(batch)
-                        self.idle.notify_all()
+            try:
+                self._connect()
+                self._take_new()
+                self._retry_waiting()
+            except Exception as exc:  # the loop never dies
+                self.errors.report("annotating", exc, background=True)
+                time.sleep(0.05)
 
-    def _process(self, batch: list[tuple[AnnotationRecord, dict[str, Any]]]) -> None:
-        records = []
-        for ann, raw in batch:
-            ann.values = encode_values(raw)
-            records.append(ann)
-        for exporter in self.exporters:
-            for attempt in range(_RETRIES):
-                try:
-                    found = exporter.annotate(records)
-                    self.counts[f"{exporter.name}/applied"] += sum(found)
-                    self.counts[f"{exporter.name}/skipped"] += len(found) - sum(found)
-                    break
-                except Exception as exc:
-                    if attempt == _RETRIES - 1:
-                        self.counts[f"{exporter.name}/failed"] += len(records)
-                        log.warning("rollout-tracer: %s could not store %d annotations: %s: %s",
-                                    exporter.name, len(records), type(exc).__name__, exc)
-                    else:
-                        time.sleep(0.2 * (attempt + 1))
+    def _connect(self) -> None:
+        """Make the exporters not made yet; one that fails is tried again next time."""
+        for name in list(self.waiting):
+            if name in self.exporters:
+                continue
+            try:
+                exporter = as_exporter(create_exporter(name, self.config))
+            except Exception as exc:
+                key = f"{name}/errors"
+                with self.lock:
+                    self.counts[key] += 1
+                    n = self.counts[key]
+                if log_every(n):
+                    log.warning("rollout-tracer: cannot reach %s to annotate (%s: %s); "
+                                "annotations wait for it", name, type(exc).__name__, exc)
+                continue
+            if exporter.supports_annotations:
+                self.exporters[name] = exporter
+                continue
+            log.warning("rollout-tracer: backend %r cannot annotate stored traces; "
+                        "annotations skip it", name)  # fmt: skip
+            exporter.shutdown()
+            with self.lock:
+                del self.waiting[name]
+                self.idle.notify_all()
+
+    def _take_new(self) -> None:
+        while True:
+            with self.lock:
+                n = min(len(self.queue), self.config.export_batch_size)
+                batch = [self.queue.popleft() for _ in range(n)]
+            if not batch:
+                return
+            try:
+                items = []
+                for ann, raw in batch:
+                    ann.values = encode_values(raw)
+                    deadline = ann.created_ns / 1e9 + self.config.annotation_timeout_s
+                    items.append((ann, deadline))
+                for name in list(self.waiting):
+                    self._try(name, items)
+            except Exception as exc:
+                with self.lock:
+                    self.counts["failed"] += len(batch)
+                self.errors.report("annotating", exc, background=True)
+            finally:
+                with self.lock:
+                    self.in_flight -= len(batch)
+                    self.idle.notify_all()
+
+    def _retry_waiting(self) -> None:
+        now = time.time()
+        for name in list(self.waiting):
+            with self.lock:  # in flight while out of the list: flush() must still wait
+                todo, self.waiting[name] = self.waiting[name], []
+                self.in_flight += len(todo)
+            try:
+                live = [(a, d) for a, d in todo if d > now]
+                lost = len(todo) - len(live)
+                if lost:
+                    with self.lock:
+                        self.counts[f"{name}/annotation_lost"] += lost
+                    log.warning("rollout-tracer: %d annotations lost for %s: their trace was "
+                                "not stored within annotation_timeout_s=%s", lost, name,
+                                self.config.annotation_timeout_s)  # fmt: skip
+                for i in range(0, len(live), self.config.export_batch_size):
+                    self._try(name, live[i : i + self.config.export_batch_size])
+            finally:
+                with self.lock:
+                    self.in_flight -= len(todo)
+                    self.idle.notify_all()
+
+    def _try(self, name: str, items: list[tuple[AnnotationRecord, float]]) -> None:
+        """Hand annotations to one backend; those whose trace it lacks (or that failed, or
+        whose backend is not reached yet) wait."""
+        exporter = self.exporters.get(name)
+        found = [False] * len(items)
+        if exporter is not None and items:
+            try:
+                found = exporter.annotate([a for a, _ in items])
+            except Exception as exc:  # the backend is down: they wait, like missing traces
+                key = f"{name}/errors"
+                with self.lock:
+                    self.counts[key] += 1
+                    n = self.counts[key]
+                if log_every(n):
+                    log.warning("rollout-tracer: %s could not store %d annotations (%s: %s); "
+                                "they wait for it", name, len(items),
+                                type(exc).__name__, exc)  # fmt: skip
+        with self.lock:
+            self.counts[f"{name}/applied"] += sum(found)
+            if name in self.waiting:
+                self.waiting[name].extend(
+                    item for item, ok in zip(items, found, strict=True) if not ok
+                )
+            self.idle.notify_all()
+
+    def _lost_total(self) -> int:
+        return sum(v for k, v in self.counts.items()
+                   if k.endswith(("/annotation_lost", "dropped", "failed")))  # fmt: skip
 
     def flush(self, timeout_s: float) -> bool:
+        """Wait until every annotation so far is applied or lost. False while any is queued
+        or pending at the deadline, or when one was lost since the previous flush."""
         deadline = time.monotonic() + timeout_s
         self.wake.set()
         with self.lock:
-            while self.in_flight:
+            while self.in_flight or self._pending():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self.idle.wait(left)
+                self.idle.wait(min(left, RETRY_INTERVAL_S))
+            lost = self._lost_total()
+            ok = lost <= self._lost_at_last_flush
+            self._lost_at_last_flush = lost
         self.errors.check()
-        return True
+        return ok
 
     def close(self, timeout_s: float) -> bool:
         ok = self.flush(timeout_s)
         self.closed = True
         self.wake.set()
-        for exporter in self.exporters:
+        self.thread.join(min(1.0, max(0.0, timeout_s)))
+        with self.lock:  # what still waits now is lost: say so, never silently
+            for name, waiting in self.waiting.items():
+                if waiting:
+                    self.counts[f"{name}/annotation_lost"] += len(waiting)
+                    log.warning("rollout-tracer: %d annotations lost for %s: their trace was "
+                                "not stored before shutdown", len(waiting), name)
+                    waiting.clear()
+        for exporter in self.exporters.values():
             exporter.shutdown(timeout_s)
         return ok
 
     def metrics(self) -> dict[str, int]:
-        return {f"tracer/annotations/{k}": v for k, v in self.counts.items()}
+        with self.lock:
+            out = {f"tracer/annotations/{k}": v for k, v in self.counts.items()}
+            out["tracer/annotations/pending"] = self._pending() + self.in_flight
+        return out

@@ -96,6 +96,9 @@ class TraceConfig:
     # and that identity (tracer/ids.py), so tracer.annotate() in any process finds it. None:
     # random trace ids, and annotate() is unavailable.
     run_salt: str | None = None
+    # how long an annotation waits for its trace to be stored (it has just ended, or the
+    # backend is down) before it is counted annotation_lost
+    annotation_timeout_s: float = 120.0
     # backend options
     tracking_uri: str | None = None  # mlflow; default: MLFLOW_TRACKING_URI, then ./mlflow.db
     jsonl_path: str | None = None  # jsonl; default: ./traces/<project>/<experiment>.jsonl
@@ -137,6 +140,9 @@ class TraceConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not (self.annotation_timeout_s >= 0):
+            raise ConfigError(
+                f"annotation_timeout_s must be >= 0, got {self.annotation_timeout_s!r}")
         if not (self.flush_interval_s > 0):
             raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s!r}")
         if self.export_max_retries < 0:

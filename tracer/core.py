@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracer import current
+from tracer.attempts import AttemptCounter, identity_key
 from tracer.backends import check_backends, create_exporter
 from tracer.backends.base import Exporter, as_exporter
 from tracer.config import ConfigError, TraceConfig
@@ -37,6 +38,7 @@ class Tracer:
         self.sampler = Sampler(
             self.config.max_samples_per_step_per_worker, self.config.sampling_seed
         )
+        self.attempts = AttemptCounter()  # tracer/attempts.py: a retried sample's number
         self.tokenizer: Any = None
         self.pipeline: Any = None
         self.annotator: Any = None
@@ -95,13 +97,14 @@ class Tracer:
         values: Mapping[str, Any],
         validate: bool = False,
         experiment: str | None = None,
+        attempt: int | None = None,
     ) -> bool:
         """See :func:`tracer.annotate`."""
         if not self.active:
             return False
         from tracer.annotations import AnnotationRecord
         from tracer.annotator import Annotator, copy_value
-        from tracer.ids import derived_trace_id
+        from tracer.ids import attempt_trace_id, derived_trace_id
         from tracer.trajectory import has_identity
 
         config = self.config
@@ -113,6 +116,10 @@ class Tracer:
             )
         if not has_identity(step, sample_index, rollout_n):
             raise ValueError("tracer.annotate needs step, sample_index and rollout_n")
+        if attempt is not None and (
+            not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0
+        ):
+            raise ValueError(f"tracer.annotate: attempt must be an int >= 0, got {attempt!r}")
         raw = {str(k): copy_value(v) for k, v in values.items()}
         trace_id = derived_trace_id(config.run_salt, config.project_name,
                                     experiment or config.experiment_name, step, sample_index,
@@ -121,8 +128,18 @@ class Tracer:
             with self._annotator_lock:
                 if self.annotator is None:
                     self.annotator = Annotator(config)
+        own = experiment in (None, config.experiment_name)
+        if attempt is None and own and not self.keep_on and (
+            self.sampler.rejects(step, sample_index, validate)
+        ):  # this process's sampler turned it down: there is no trace to wait for
+            self.annotator.skip()
+            return True
+        if attempt is None and own:  # the latest this process traced, when it traced one
+            attempt = self.attempts.latest(step, identity_key(sample_index, rollout_n, validate))
+        if attempt is not None:
+            trace_id = attempt_trace_id(trace_id, attempt)
         record = AnnotationRecord(trace_id, step, sample_index, rollout_n, bool(validate),
-                                  time.time_ns())  # fmt: skip
+                                  time.time_ns(), attempt=attempt)  # fmt: skip
         return bool(self.annotator.put(record, raw))
 
     # control
@@ -257,16 +274,20 @@ def annotate(
     values: Mapping[str, Any],
     validate: bool = False,
     experiment: str | None = None,
+    attempt: int | None = None,
 ) -> bool:
     """Attach values computed after the rollout to the trajectory traced with this identity,
     from any process of the run (the trace id is derived from ``run_salt`` and the identity;
-    see ``tracer.annotator``). Per-token values are arrays aligned with the trajectory's model
-    tokens (its generate calls' response tokens, in order), or with verl's whole response
-    when ``response_mask`` (or ``loss_mask``) is given too; per-trajectory values are numbers.
+    see ``tracer.annotator``). A sample run more than once has one trace per attempt:
+    ``attempt`` names one, None means the latest. Per-token values are arrays aligned with the
+    trajectory's model tokens (its generate calls' response tokens, in order), or with verl's
+    whole response when ``response_mask`` (or ``loss_mask``) is given too; per-trajectory
+    values are numbers.
     Names the readers know: ``train_logprob``, ``ref_logprob``, ``entropy``, ``advantage``,
     ``rollout_logprob`` (when the engine's are not on the trace). Returns False when tracing
-    is off or the queue is full; a trajectory that was not sampled is skipped in the
-    background (``metrics()['tracer/annotations/<backend>/skipped']``). Idempotent.
+    is off or the queue is full. An annotation waits for its trace to be stored, at most
+    ``annotation_timeout_s``, then counts as ``tracer/annotations/<backend>/annotation_lost``;
+    one of a trajectory this process's sampler left out counts as ``skipped``. Idempotent.
 
     Example::
 
@@ -274,7 +295,8 @@ def annotate(
                         values={"train_logprob": old_log_prob[j], "ref_logprob": ref[j],
                                 "response_mask": response_mask[j], "advantage": 0.7})
     """
-    return get_tracer().annotate(step, sample_index, rollout_n, values, validate, experiment)
+    return get_tracer().annotate(step, sample_index, rollout_n, values, validate, experiment,
+                                 attempt)
 
 
 def new_run_salt() -> str:

@@ -39,9 +39,21 @@ def derived_trace_id(salt: str, *identity: object) -> str:
     """A trace id (32 hex digits) that any process holding the run's ``salt`` can compute from a
     trajectory's identity (project, experiment, step, sample_index, rollout_n, validate): how
     ``tracer.annotate`` in the driver finds a trace a Ray worker wrote. The salt differs between
-    runs, so reruns seeded alike still never share an id."""
+    runs, so reruns seeded alike still never share an id. This is attempt 0's id; a retried
+    sample's attempts get :func:`attempt_trace_id`."""
     key = "\x1f".join([salt, *(str(part) for part in identity)]).encode()
     return hashlib.blake2b(key, digest_size=16, person=b"rt-trace").hexdigest()
+
+
+def attempt_trace_id(first: str, attempt: int) -> str:
+    """The trace id of attempt ``attempt`` of the trajectory whose attempt 0 has the id
+    ``first``: ``first`` itself for attempt 0 (ids made before attempts were counted stay
+    valid), a hash of both otherwise. Anyone holding attempt 0's id can compute every other
+    attempt's, so a backend can look for the latest one without the run's salt."""
+    if not attempt:
+        return first
+    key = f"{first}|attempt|{int(attempt)}".encode()
+    return hashlib.blake2b(key, digest_size=16, person=b"rt-retry").hexdigest()
 
 
 def derived_span_id(trace_id: str, name: str) -> str:

@@ -44,7 +44,9 @@ class trace_attr:
     """Open one trajectory: the root span of one trace, with its step and sample attributes.
 
     Works as ``with`` and ``async with``; contextvars carry it into nested calls and asyncio
-    tasks. ``trace=False`` turns off every op nested inside.
+    tasks. ``trace=False`` turns off every op nested inside. With ``run_salt`` set, a sample
+    run again with the same identity is a new attempt (numbered in this process; pass
+    ``attempt=`` when the retry runs in another process) with a trace id of its own.
 
     Example::
 
@@ -63,8 +65,13 @@ class trace_attr:
         name: str = "trajectory",
         trace: bool = True,
         policy_version: Any = None,
+        attempt: int | None = None,
         **attributes: Any,
     ) -> None:
+        if attempt is not None and (
+            not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0
+        ):
+            raise ValueError(f"trace_attr: attempt must be an int >= 0, got {attempt!r}")
         self.kwargs = (
             step,
             sample_index,
@@ -74,12 +81,14 @@ class trace_attr:
             trace,
             policy_version,
             attributes,
+            attempt,
         )
         self._token: Token[_Frame] | None = None
         self._traj: Trajectory | None = None
 
     def __enter__(self) -> Trajectory | None:
-        step, sample_index, rollout_n, validate, name, trace, policy_version, attrs = self.kwargs
+        (step, sample_index, rollout_n, validate, name, trace, policy_version, attrs,
+         attempt) = self.kwargs  # fmt: skip
         tracer = _current_tracer.tracer
         frame = _NOT_TRACED
         if not trace or _current.get() is _DISABLED:
@@ -88,7 +97,8 @@ class trace_attr:
             traced, sample_index = tracer.admit(step, sample_index, validate)
             if traced:
                 self._traj = traj = Trajectory(tracer, name, step, sample_index, rollout_n,
-                                               bool(validate), policy_version, attrs)  # fmt: skip
+                                               bool(validate), policy_version, attrs,
+                                               attempt)  # fmt: skip
                 frame = (traj, traj.root_id)
         self._token = _current.set(frame)
         return self._traj

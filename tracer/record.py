@@ -4,7 +4,7 @@ The hot path builds cheap, raw snapshots (see ``tracer.ops``); the background pi
 each finished trajectory into one :class:`TrajectoryRecord` (token2text decoded, payloads
 truncated with a marker, secrets redacted, every value JSON-able). Backends only ever see these.
 
-Schema version 1; changes to these fields bump :data:`SCHEMA_VERSION`.
+Schema version 2 (2 added ``attempt``); changes to these fields bump :data:`SCHEMA_VERSION`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # kind -> MLflow span type; also the set of kinds the tracer knows about.
 KINDS: dict[str, str] = {
@@ -78,6 +78,8 @@ class TrajectoryRecord:
     status: str = "OK"
     reward: float | None = None  # the last numeric reward recorded in the trajectory
     policy_version: Any = None
+    # 0, 1, ...: the how-many-th run of this identity (a retried sample is a new trajectory)
+    attempt: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)  # extra user attributes
     spans: list[SpanRecord] = field(default_factory=list)  # spans[0] is the root
     schema_version: int = SCHEMA_VERSION
@@ -99,6 +101,7 @@ class TrajectoryRecord:
             ),
             "experiment_name": self.experiment_name,
             "worker_id": self.worker_id,
+            "attempt": str(self.attempt),
         }
         if self.policy_version is not None:
             tags["policy_version"] = str(self.policy_version)
@@ -116,6 +119,8 @@ class TrajectoryRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrajectoryRecord:
         data = dict(data)
+        # a version-1 line (no attempt) reads as attempt 0 and is written back as this version
+        data.pop("schema_version", None)
         spans = [SpanRecord(**s) for s in data.pop("spans", [])]
         return cls(**data, spans=spans)
 

@@ -107,6 +107,7 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         status=spans[0].status,
         reward=reward,
         policy_version=to_jsonable(traj.policy_version, limits),
+        attempt=traj.attempt,
         attributes=attributes,
         spans=spans,
     )

@@ -102,6 +102,15 @@ class Sampler:
             state = self._steps.get((step, bool(validate)))
             return state is not None and sample_index in state.kept
 
+    def rejects(self, step: Any, sample_index: Any, validate: bool) -> bool:
+        """Whether this sampler turned the sample down (False when it never saw it: another
+        process may have traced it)."""
+        if not self.max_samples:
+            return self.max_samples == 0
+        with self._lock:
+            state = self._steps.get((step, bool(validate)))
+            return state is not None and sample_index in state.rejected
+
     def confirm(self, step: Any, sample_index: Any, validate: bool) -> bool:
         """Called by the pipeline before export: True (and pinned) if the sample is still kept."""
         if self.max_samples is None:

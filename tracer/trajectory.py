@@ -10,7 +10,14 @@ from __future__ import annotations
 from time import time_ns
 from typing import Any
 
-from tracer.ids import derived_span_id, derived_trace_id, new_span_id, new_trace_id
+from tracer.attempts import identity_key
+from tracer.ids import (
+    attempt_trace_id,
+    derived_span_id,
+    derived_trace_id,
+    new_span_id,
+    new_trace_id,
+)
 
 
 def has_identity(step: Any, sample_index: Any, rollout_n: Any) -> bool:
@@ -69,11 +76,13 @@ class Trajectory:
     (name, id, start, end, error) and makes the root ``Span`` only when asked, normally by the
     record builder in the background; ``spans`` holds the spans recorded under it, in the order
     they opened. Its trace id is made when first asked for too: a random one, or one derived
-    from the run's salt and the trajectory's identity (``tracer.annotate`` needs that)."""
+    from the run's salt and the trajectory's identity, attempt included (``tracer.annotate``
+    needs that; ``tracer.attempts`` numbers the attempts)."""
 
     __slots__ = (
         "_root",
         "_trace_id",
+        "attempt",
         "attributes",
         "end_ns",
         "error",
@@ -101,6 +110,7 @@ class Trajectory:
         validate: bool,
         policy_version: Any,
         attributes: dict[str, Any],
+        attempt: int | None = None,
     ) -> None:
         self.tracer = tracer
         self.name = name
@@ -118,6 +128,11 @@ class Trajectory:
         self._root: Span | None = None
         self._trace_id: str | None = None
         self.end_ns = 0
+        self.attempt = attempt or 0
+        if self._salt():  # a derived id: a retry of this identity must not get the same one
+            self.attempt = tracer.attempts.take(
+                step, identity_key(sample_index, rollout_n, validate), attempt
+            )
         self.start_ns = time_ns()
 
     @property
@@ -161,6 +176,7 @@ class Trajectory:
                 tid = derived_trace_id(salt, config.project_name, config.experiment_name,
                                        self.step, self.sample_index, self.rollout_n,
                                        bool(self.validate))  # fmt: skip
+                tid = attempt_trace_id(tid, self.attempt)
             else:
                 tid = f"{new_trace_id():032x}"
             self._trace_id = tid

@@ -3,17 +3,20 @@
 File: ``config.jsonl_path``, default ``./traces/<project_name>/<experiment_name>.jsonl``. UTF-8,
 one trajectory per line, appended (several runs may share a file). Lines are written whole and
 fsynced per batch, so a crash leaves at most a partial last line, which :func:`read_jsonl`
-skips. Within a process a trajectory is written once (a retried batch is not duplicated);
-readers that merge files from several processes dedupe on ``trace_id``.
+skips. Within a process a trajectory is written once (a batch sent again is not duplicated);
+every trajectory counted as exported is a line of the file: a different trajectory that
+carries an id already written (the same explicit ``attempt`` given twice) is written too, and
+readers see both. Readers that merge files from several processes dedupe on ``trace_id``.
 
-Schema (version 1; the field ``schema_version`` is on every line and bumps on any change)::
+Schema (version 2; the field ``schema_version`` is on every line and bumps on any change)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "trace_id": "32 hex chars",          # unique per trajectory
       "name": "trajectory",                # trace_attr(name=...)
       "project_name": str, "experiment_name": str, "worker_id": "host:pid",
       "step": int | null, "sample_index": any, "rollout_n": any, "validate": bool,
+      "attempt": int,                      # 0, 1, ...: a retried sample (since version 2)
       "policy_version": any, "reward": float | null,   # last numeric reward recorded
       "status": "OK" | "ERROR",
       "start_ns": int, "end_ns": int,      # wall clock, ns since the epoch
@@ -72,7 +75,9 @@ class JsonlExporter(Exporter):
         self.destination = self.path
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._lock = threading.Lock()
-        self._written: set[str] = set()
+        # trace id -> start of the trajectory written with it: a batch sent again is skipped,
+        # another trajectory with that id is not (the file holds all it counts as exported)
+        self._written: dict[str, int] = {}
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
@@ -82,14 +87,16 @@ class JsonlExporter(Exporter):
     def export_encoded(
         self, batch: Sequence[TrajectoryRecord], lines: Sequence[bytes], *, replay: bool = False
     ) -> ExportResult:
-        """Append the lines the pipeline already made (the spool's bytes), each trace once."""
+        """Append the lines the pipeline already made (the spool's bytes), each trajectory
+        once: a record whose id and start were written already is skipped."""
         new: list[bytes] = []
-        ids: set[str] = set()
+        ids: dict[str, int] = {}
         with self._lock:
             for record, line in zip(batch, lines, strict=True):
-                if record.trace_id in self._written or record.trace_id in ids:
+                key = record.trace_id
+                if record.start_ns in (self._written.get(key), ids.get(key)):
                     continue
-                ids.add(record.trace_id)
+                ids[key] = record.start_ns
                 new.append(line)
             if new:
                 with open(self.path, "a+b") as f:

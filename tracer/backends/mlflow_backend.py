@@ -6,9 +6,13 @@ spans are built as finished OpenTelemetry spans and written with MLflow's Tracin
 ``log_spans`` (one DB transaction per batch for a SQL store; OTLP/HTTP for a tracking
 server). This bypasses MLflow's own async trace queue, which drops traces when it fills.
 Trace tags come from ``mlflow.traceTag.<key>`` attributes on the root span (read by MLflow's
-store), the reward is an MLflow feedback assessment named ``reward``. Re-exporting a
-trajectory is idempotent: spans are upserted by (trace id, span id) and the reward is only
-logged for traces that do not have one yet.
+store), the reward is an MLflow feedback assessment named ``reward``.
+
+Both paths store the same thing for a trace id sent again (a replayed or retried batch, or two
+trajectories given one id): the first one stored wins. A trace already in the store gets no
+spans, tags or duration from a later record with its id, only its reward if it has none yet (a
+batch that failed between its spans and its rewards); within a batch the first record of an id
+is the one written.
 
 Uses ``TracingClient`` and ``Span(ReadableSpan)``, semi-internal MLflow APIs: the version is
 pinned in pyproject.toml and tests exercise them.
@@ -30,6 +34,7 @@ from tracer.backends.mlflow_bulk import open_bulk_writer
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
+from tracer.ids import attempt_trace_id
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_lists, encode_full_lists
 from tracer.tokens import LOGPROBS_ATTR
@@ -43,6 +48,7 @@ log = logging.getLogger("tracer")
 
 REWARD_ASSESSMENT = "reward"
 REWARD_REQUESTS_IN_FLIGHT = 8  # reward assessments sent side by side to a tracking server
+_ATTEMPTS_PROBED = 4  # attempts looked up at once for an annotation that names none
 
 
 def resolve_tracking_uri(config: TraceConfig) -> str:
@@ -77,7 +83,6 @@ class MlflowExporter(Exporter):
         self.bulk = None if self.is_server else open_bulk_writer(
             self.tracing.store, self.tracking_uri, self.experiment_id,
             trace_id_of=mlflow_trace_id, reward_name=REWARD_ASSESSMENT)
-        self._attempted: set[str] = set()  # trace ids of a reward batch that did not finish
         self._pool: ThreadPoolExecutor | None = None  # reward requests to a tracking server
         self._warned_locked = False
         self.destination = f"{self.tracking_uri}#{self.experiment_id}"  # names the spool
@@ -99,15 +104,21 @@ class MlflowExporter(Exporter):
     ) -> ExportResult:
         # what the UI shows: compact token lists, the GRPO group as the session; the same
         # for the bulk writer and MLflow's own log_spans path
-        batch = [mlflow_view(record) for record in batch]
-        spans = [] if self.bulk else [s for record in batch for s in to_mlflow_spans(record)]
+        batch = [mlflow_view(record) for record in first_of_each_id(batch)]
+        stored: dict[str, bool] = {}  # MLflow's path: traces already there -> has a reward
+        spans: list[Any] = []
+        if self.bulk is None:
+            stored = self._stored([mlflow_trace_id(r.trace_id) for r in batch])
+            new = [r for r in batch if mlflow_trace_id(r.trace_id) not in stored]
+            spans = [s for record in new for s in to_mlflow_spans(record)]
         if self.is_server:
-            self._post_spans(spans)
+            if spans:
+                self._post_spans(spans)
         else:
             try:
                 if self.bulk is not None:
                     self.bulk.write(batch, replay=replay)
-                else:
+                elif spans:
                     self.tracing.log_spans(self.experiment_id, spans)
             except Exception as exc:
                 if "locked" in str(exc).lower() and not self._warned_locked:
@@ -121,48 +132,71 @@ class MlflowExporter(Exporter):
                         *[store_address(self.tracking_uri)] * 2)
                 raise
         if self.bulk is None:
-            self._log_rewards(batch, replay)
+            self._log_rewards(batch, stored)
         if self.config.mlflow_run_id:
             self._link_to_run([mlflow_trace_id(r.trace_id) for r in batch])
         return ExportResult.SUCCESS
 
     def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
         """Each annotation as one more span of its stored trace (upserted by its derived span
-        id), plus trace tags for its numbers. A trace not in the store (a trajectory that was
-        not sampled) is skipped: one lookup, nothing written."""
-        from mlflow.exceptions import MlflowException
-
+        id), plus trace tags for its numbers; one that names no attempt goes to the latest
+        attempt stored. A trace not in the store yet is not found (False): the annotator
+        tries again later. One lookup for the whole batch, then one read per trace found."""
+        probe = range(_ATTEMPTS_PROBED)
+        candidates = [
+            [ann.trace_id] if ann.attempt is not None
+            else [attempt_trace_id(ann.trace_id, k) for k in probe]
+            for ann in batch
+        ]  # fmt: skip
+        stored = self._stored([mlflow_trace_id(t) for ids in candidates for t in ids])
         found: list[bool] = []
-        for ann in batch:
-            trace_id = mlflow_trace_id(ann.trace_id)
-            try:
-                trace = self.client.get_trace(trace_id)
-            except MlflowException as exc:
-                if "RESOURCE_DOES_NOT_EXIST" in str(getattr(exc, "error_code", "")) or (
-                    "not found" in str(exc).lower()
-                ):
+        for ann, ids in zip(batch, candidates, strict=True):
+            if ann.attempt is None:
+                latest = self._latest_attempt(ann.trace_id, stored)
+                if latest is None:
                     found.append(False)
                     continue
-                raise
-            if trace is None:
+                ann = dataclasses.replace(
+                    ann, trace_id=attempt_trace_id(ann.trace_id, latest), attempt=latest
+                )
+            elif mlflow_trace_id(ids[0]) not in stored:
                 found.append(False)
                 continue
-            root, generates = _root_and_generates(trace)
-            if root is None:
-                found.append(False)
-                continue
-            span, tags = annotation_span(ann, root.span_id, root.start_ns,
-                                         rollout_logprobs(generates))  # fmt: skip
-            holder = TrajectoryRecord(
-                trace_id=ann.trace_id, name="annotation", project_name="", experiment_name="",
-                step=None, sample_index=None, rollout_n=None, validate=False, worker_id="",
-                start_ns=root.start_ns, end_ns=root.end_ns, spans=[root, span],
-            )  # fmt: skip
-            self._log_annotation_span(holder)
-            for key, value in tags.items():
-                self.client.set_trace_tag(trace_id, key, value)
-            found.append(True)
+            found.append(self._annotate_one(ann))
         return found
+
+    def _latest_attempt(self, first: str, stored: dict[str, bool]) -> int | None:
+        """The highest attempt stored of the trajectory whose attempt 0 is ``first``:
+        ``stored`` holds the first ``_ATTEMPTS_PROBED``; more are looked up while all are."""
+        latest, start = None, 0
+        while True:
+            ids = [mlflow_trace_id(attempt_trace_id(first, k))
+                   for k in range(start, start + _ATTEMPTS_PROBED)]  # fmt: skip
+            there = stored if start == 0 else self._stored(ids)
+            held = [start + i for i, t in enumerate(ids) if t in there]
+            if held:
+                latest = held[-1]
+            if not held or held[-1] < start + _ATTEMPTS_PROBED - 1:
+                return latest
+            start += _ATTEMPTS_PROBED
+
+    def _annotate_one(self, ann: AnnotationRecord) -> bool:
+        trace_id = mlflow_trace_id(ann.trace_id)
+        trace = self.client.get_trace(trace_id)
+        root, generates = _root_and_generates(trace) if trace is not None else (None, [])
+        if root is None:
+            return False
+        span, tags = annotation_span(ann, root.span_id, root.start_ns,
+                                     rollout_logprobs(generates))  # fmt: skip
+        holder = TrajectoryRecord(
+            trace_id=ann.trace_id, name="annotation", project_name="", experiment_name="",
+            step=None, sample_index=None, rollout_n=None, validate=False, worker_id="",
+            start_ns=root.start_ns, end_ns=root.end_ns, spans=[root, span],
+        )  # fmt: skip
+        self._log_annotation_span(holder)
+        for key, value in tags.items():
+            self.client.set_trace_tag(trace_id, key, value)
+        return True
 
     def _log_annotation_span(self, holder: TrajectoryRecord) -> None:
         from mlflow.entities import Span
@@ -215,38 +249,54 @@ class MlflowExporter(Exporter):
         )
         verify_rest_response(response, OTLP_TRACES_PATH)
 
-    def _log_rewards(self, batch: Sequence[TrajectoryRecord], replay: bool) -> None:
-        """One ``reward`` feedback per trace, skipped where a replay finds it already there.
+    def _stored(self, trace_ids: list[str]) -> dict[str, bool]:
+        """Which of these traces the store holds already, and whether each has a reward: one
+        request (or query) per batch, so that a trace id sent again never merges its spans
+        into the stored trace nor adds a second reward."""
+        infos: list[Any] = []
+        for i in range(0, len(trace_ids), 100):
+            chunk = trace_ids[i : i + 100]
+            if self.is_server:
+                body = self._rest("POST", "/api/3.0/mlflow/traces/batchGetInfos",
+                                  {"trace_ids": chunk})  # fmt: skip
+                infos.extend(body.get("trace_infos") or [])
+            else:
+                infos.extend(self.tracing.store.batch_get_trace_infos(chunk))
+        stored = {}
+        for info in infos:
+            if isinstance(info, dict):  # the REST API's JSON
+                trace_id = info.get("trace_id") or info.get("request_id") or ""
+                names = {a.get("assessment_name") for a in info.get("assessments") or []}
+            else:
+                trace_id = info.trace_id
+                names = {a.name for a in info.assessments or []}
+            stored[str(trace_id)] = REWARD_ASSESSMENT in names
+        return stored
+
+    def _log_rewards(self, batch: Sequence[TrajectoryRecord], stored: dict[str, bool]) -> None:
+        """One ``reward`` feedback per trace that has none: a new trace's is logged without a
+        lookup; a stored trace's only when ``stored`` says it has none yet.
 
         On a tracking server the calls go out side by side (MLflow's REST API takes one
         assessment per request; a batch of 256 one after another is 256 round trips)."""
-        todo: list[tuple[TrajectoryRecord, bool]] = []
-        for record in batch:
-            if record.reward is None:
-                continue
-            # Only a trace that may already have its reward (a retried or replayed batch) pays
-            # for the lookup; a first export does not (it was 5 ms of 11 per trajectory).
-            todo.append((record, replay or record.trace_id in self._attempted))
-            self._attempted.add(record.trace_id)
+        todo: list[TrajectoryRecord] = [
+            record for record in batch
+            if record.reward is not None and not stored.get(mlflow_trace_id(record.trace_id))
+        ]  # fmt: skip
         if self.is_server and len(todo) > 1:
             pool = self._reward_pool()
-            futures = [pool.submit(self._log_reward, *t) for t in todo]
+            futures = [pool.submit(self._log_reward, record) for record in todo]
             failures = [exc for exc in (f.exception() for f in futures) if exc is not None]
-            if failures:
+            if failures:  # the batch is sent again: _stored then finds the rewards written
                 raise failures[0]
         else:
-            for t in todo:
-                self._log_reward(*t)
-        # all written: a later export of these traces is a replay (which looks them up anyway),
-        # so they need not be remembered; only those of a failed batch stay in _attempted
-        self._attempted.difference_update(record.trace_id for record, _ in todo)
+            for record in todo:
+                self._log_reward(record)
 
-    def _log_reward(self, record: TrajectoryRecord, maybe_there: bool) -> None:
+    def _log_reward(self, record: TrajectoryRecord) -> None:
         from mlflow.entities import AssessmentSource, Feedback
 
         trace_id = mlflow_trace_id(record.trace_id)
-        if maybe_there and REWARD_ASSESSMENT in self._assessment_names(trace_id):
-            return
         feedback = Feedback(
             name=REWARD_ASSESSMENT,
             value=float(record.reward),  # type: ignore[arg-type]  # checked by the caller
@@ -266,13 +316,6 @@ class MlflowExporter(Exporter):
             self._pool = ThreadPoolExecutor(REWARD_REQUESTS_IN_FLIGHT,
                                             thread_name_prefix="rollout-tracer-mlflow")  # fmt: skip
         return self._pool
-
-    def _assessment_names(self, trace_id: str) -> set[str]:
-        if self.is_server:
-            info = self._rest("GET", f"/api/3.0/mlflow/traces/{trace_id}", None)
-            found = (info.get("trace") or {}).get("trace_info", {}).get("assessments", [])
-            return {a.get("assessment_name", "") for a in found}
-        return {a.name for a in self.tracing.get_trace_info(trace_id).assessments or []}
 
     def _rest(self, method: str, endpoint: str, body: dict[str, Any] | None) -> dict[str, Any]:
         """A REST call without MLflow's minutes-long retries (the spool retries instead)."""
@@ -333,6 +376,17 @@ def _root_and_generates(trace: Any) -> tuple[SpanRecord | None, list[SpanRecord]
             record.attributes = {LOGPROBS_ATTR: attrs[LOGPROBS_ATTR]}
             generates.append(record)
     return root, generates
+
+
+def first_of_each_id(batch: Sequence[TrajectoryRecord]) -> list[TrajectoryRecord]:
+    """The batch without a second record of a trace id (the first one is what is stored)."""
+    seen: set[str] = set()
+    out = []
+    for record in batch:
+        if record.trace_id not in seen:
+            seen.add(record.trace_id)
+            out.append(record)
+    return out
 
 
 def mlflow_trace_id(trace_id: str) -> str:

@@ -17,10 +17,13 @@ multi-row insert per table:
 - the rollup rebuild queue, through MLflow's own function (a no-op unless rollups are enabled).
 MLflow writes no size stats, schema version or trace/span metrics rows on this path either.
 
-It is idempotent per trace id: every insert skips rows already there (``ON CONFLICT DO
-NOTHING``) and the reward's assessment id is derived from (trace id, name), so a replayed batch
-adds nothing; with ``replay=True`` a reward logged by MLflow's own path (a random id) is
-looked up and not added twice.
+It stores what MLflow's own path stores (``MlflowExporter``) for a trace id sent again: the
+first one stored wins. A trace whose ``trace_info`` row is already there gets no rows from a
+later record with its id (no merged span sets, no second duration), only its reward when it
+has none (looked up by name, so a reward logged by MLflow's own path with a random id counts);
+within a batch the first record of an id is the one written. Every insert also skips rows
+already there (``ON CONFLICT DO NOTHING``) and the reward's assessment id is derived from
+(trace id, name), so two writers racing on one id still add each row once.
 
 It relies on MLflow's schema and on a few of its internal helpers, whose behaviour can change
 in a release that keeps the schema. So it runs only on the exact MLflow versions it was tested
@@ -263,7 +266,8 @@ class BulkWriter:
 
     def write(self, batch: Sequence[TrajectoryRecord], *, replay: bool = False) -> None:
         """Store ``batch`` (traces, tags, spans, rewards) in one transaction; raises on failure
-        (nothing of the batch is stored then)."""
+        (nothing of the batch is stored then). ``replay`` changes nothing: a trace already
+        stored is found whatever the flag says."""
         m = self.m
         seen: set[str] = set()
         traces = []
@@ -290,17 +294,19 @@ class BulkWriter:
         with self.store.ManagedSessionMaker(read_only=False) as session:
             # MLflow's writers lock the rollup queue first; so does this one.
             m.enqueue_rollup_rebuild_partitions(session, partitions)
-            rewarded = self._rewarded(session, traces) if replay else set()
+            stored = self._stored(session, traces)
+            new = [t for t in traces if t.trace_id not in stored]
+            rewarded = self._rewarded(session, [t for t in traces if t.trace_id in stored])
             assessments = [
                 self._reward_row(t, now_ms)
                 for t in traces
                 if t.reward is not None and t.trace_id not in rewarded
             ]
             for name, rows in (
-                ("info", [t.info for t in traces]),
-                ("tags", [row for t in traces for row in t.tags]),
-                ("metadata", [row for t in traces for row in t.metadata]),
-                ("spans", [row for t in traces for row in t.spans]),
+                ("info", [t.info for t in new]),
+                ("tags", [row for t in new for row in t.tags]),
+                ("metadata", [row for t in new for row in t.metadata]),
+                ("spans", [row for t in new for row in t.spans]),
                 ("assessments", assessments),
             ):
                 if rows:
@@ -308,6 +314,16 @@ class BulkWriter:
 
     def _insert(self, session: Any, name: str, rows: list[dict[str, Any]]) -> None:
         session.connection().execute(self._inserts[name], rows)
+
+    def _stored(self, session: Any, traces: list[_Trace]) -> set[str]:
+        """Traces of the batch the store already holds (one indexed query per 500)."""
+        model = self.m.SqlTraceInfo
+        ids = [t.trace_id for t in traces]
+        found: set[str] = set()
+        for i in range(0, len(ids), 500):
+            rows = session.query(model.request_id).filter(model.request_id.in_(ids[i : i + 500]))
+            found.update(r[0] for r in rows)
+        return found
 
     def _rewarded(self, session: Any, traces: list[_Trace]) -> set[str]:
         """Traces of the batch that already have a reward (logged by any path)."""

@@ -11,7 +11,7 @@ naming the op and the inputs as JSON) followed by an assistant message (the outp
 ``response_text``, else ``answer``, else the output or the exception as JSON), and whose
 metadata holds ``op``, ``backend``, ``experiment_name``, ``inputs`` (without ``messages``),
 ``status``, ``output`` or ``exception_type``, the trajectory's ``step``, ``sample_index``,
-``rollout_n``, ``validate``, plus ``kind`` and ``trace_id`` (ours).
+``rollout_n``, ``validate``, plus ``kind``, ``attempt`` and ``trace_id`` (ours).
 
 The run: the caller's current run when it is in ``project_name`` (``trackio.init`` called by
 the user, as verl checks), else a run of its own, ``trackio.init(project=project_name,
@@ -82,6 +82,7 @@ def trace_payload(
         "experiment_name": record.experiment_name,
         "inputs": {k: v for k, v in inputs.items() if k != "messages"},
         "kind": span.kind,
+        "attempt": record.attempt,
         "trace_id": record.trace_id,
     }
     if record.attributes.get(STYLE_KEY) != "verl-op":  # verl: the rollout_trace_attr values

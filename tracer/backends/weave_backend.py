@@ -11,8 +11,8 @@ What a call carries:
 
 - root: the root span's inputs and outputs (the first child's inputs; ``{reward, output}``),
   ``summary["reward"]``; attributes ``step``,
-  ``sample_index``, ``rollout_n``, ``validate``, ``worker_id``, ``experiment_name``,
-  ``policy_version``, ``kind`` and the trajectory's extra attributes.
+  ``sample_index``, ``rollout_n``, ``validate``, ``attempt``, ``worker_id``,
+  ``experiment_name``, ``policy_version``, ``kind`` and the trajectory's extra attributes.
 - children: the op's inputs (wrapped as ``{"inputs": x}`` when not a dict) and output;
   attributes ``kind``, ``step``, ``sample_index``, ``rollout_n`` and the span's derived
   attributes (``prompt_text``, ``response_tokens``, ``tool_name``, ``reward``, ...). A failed op
@@ -248,6 +248,7 @@ class WeaveExporter(Exporter):
         if is_root:
             attrs.update(
                 validate=record.validate,
+                attempt=record.attempt,
                 worker_id=record.worker_id,
                 experiment_name=record.experiment_name,
                 trace_id=record.trace_id,

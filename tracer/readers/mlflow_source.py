@@ -16,7 +16,7 @@ from tracer.token_lists import FULL_LISTS_ATTRIBUTE, restore_lists
 _KIND_BY_TYPE = {span_type: kind for kind, span_type in reversed(list(KINDS.items()))}
 _KNOWN_TAGS = frozenset(
     {"step", "sample_index", "rollout_n", "validate", "experiment_name", "worker_id",
-     "policy_version", "reward"}
+     "policy_version", "reward", "attempt"}
 )  # fmt: skip
 
 
@@ -200,6 +200,12 @@ def _reward(trace: Any, root: SpanRecord | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _attempt(tag: Any) -> int:
+    """The ``attempt`` tag (absent on traces written before attempts were counted: 0)."""
+    value = _parse_tag(tag)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def mlflow_to_record(trace: Any, experiment: str) -> TrajectoryRecord:
     """An ``mlflow.entities.Trace`` written by the MLflow backend -> a TrajectoryRecord."""
     spans = [_mlflow_span(s) for s in trace.data.spans]
@@ -226,6 +232,7 @@ def mlflow_to_record(trace: Any, experiment: str) -> TrajectoryRecord:
         status=root.status if root else "OK",
         reward=_reward(trace, root),
         policy_version=_parse_tag(tags.get("policy_version")),
+        attempt=_attempt(tags.get("attempt")),
         attributes={
             k: v for k, v in tags.items() if k not in _KNOWN_TAGS and not k.startswith("mlflow.")
         },

@@ -286,6 +286,7 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
         "sample_key": None if record.sample_index is None else str(record.sample_index),
         "rollout_n": _int_or_none(record.rollout_n),
         "validate": bool(record.validate),
+        "attempt": record.attempt,
         "policy_version": None if record.policy_version is None else str(record.policy_version),
         "worker_id": record.worker_id,
         "status": record.status,

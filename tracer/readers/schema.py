@@ -24,6 +24,7 @@ TRAJECTORIES: list[Column] = [
     ("sample_key", "string", "sample_index as text (any type); with step, identifies a group"),
     ("rollout_n", "int64", "index of this rollout among the n of its sample (GRPO group)"),
     ("validate", "bool", "true for validation rollouts"),
+    ("attempt", "int64", "0, 1, ...: a sample run again is a new trajectory (same identity)"),
     ("policy_version", "string", "policy/weights version tag, if recorded"),
     ("worker_id", "string", "rollout worker that produced the trajectory"),
     ("status", "string", "`OK` or `ERROR` (the root span's status)"),

@@ -19,7 +19,7 @@ _ROOT_COLUMNS = ["id", "trace_id", "started_at", "attributes"]
 _SORT = [{"field": "started_at", "direction": "asc"}, {"field": "id", "direction": "asc"}]
 _ROOT_KEYS = frozenset(
     {"kind", "step", "sample_index", "rollout_n", "validate", "worker_id", "experiment_name",
-     "trace_id", "policy_version", "reward", "weave"}
+     "trace_id", "policy_version", "reward", "weave", "attempt"}
 )  # fmt: skip
 _CHILD_KEYS = frozenset({"kind", "step", "sample_index", "rollout_n", "weave"})
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -146,6 +146,7 @@ def weave_to_record(root: Any, children: Sequence[Any], project: str) -> Traject
         status=spans[0].status,
         reward=reward,
         policy_version=attrs.get("policy_version"),
+        attempt=_int_attr(attrs.get("attempt")) or 0,
         attributes=extra,
         spans=spans,
     )
