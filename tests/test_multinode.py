@@ -55,10 +55,11 @@ def _key(t: Any) -> tuple[str, str, str, str]:
 
 def _join(cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> Any:
     """This test process becomes the driver of the session's cluster."""
-    import ray
-
+    # before `import ray`: Ray reads its auth mode once, when its C++ core is loaded
     for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
         monkeypatch.setenv(k, cluster.env()[k])
+    import ray
+
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     return ray
 
