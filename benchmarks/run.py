@@ -27,6 +27,7 @@ SECTIONS = {
     "throughput": 1200,
     "memory": 300,
     "export": 900,  # benchmarks/bench_export.py, appended as section 5
+    "ingest": 3600,  # benchmarks/ingest.py, appended as section 6 (not in --quick: servers)
 }
 
 
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         # One empty, migrated MLflow store, copied by every section (migrations take seconds).
         mlflow_store(tmp, "template-source.db")
         for name in names:
-            if name == "export":
-                continue  # its own script, run by _export_section after the others
+            if name in ("export", "ingest"):
+                continue  # their own scripts, run after the others
             print(f"[benchmarks] {name} ...", file=sys.stderr, flush=True)
             args = ["--quick"] if a.quick else []
             results[name] = run_section(name, args, SECTIONS[name])
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results)
     if "export" in names:
         text += _export_section(a.quick)
+    if "ingest" in names:
+        text += _ingest_section(a.quick)
     out.write_text(text)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
@@ -92,6 +95,29 @@ def _export_section(quick: bool) -> str:
             return f"\n## 5. Export to Parquet\n\nfailed: {proc.stderr[-1000:]}\n"
         body = md.read_text().split("\n", 1)[1]  # drop its own title
     return "\n## 5. Export to Parquet (`rollout-tracer export`)\n" + body
+
+
+def _ingest_section(quick: bool) -> str:
+    """Section 6: what one PostgreSQL-backed MLflow server ingests (benchmarks/ingest.py).
+    Skipped in --quick: it starts PostgreSQL and five servers (minutes on 2 cores)."""
+    import subprocess
+
+    if quick:
+        return ("\n## 6. Ingest capacity\n\nnot run with --quick (PostgreSQL and several "
+                "servers); `python -m benchmarks.run --sections ingest`\n")
+    print("[benchmarks] ingest ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        md = Path(tmp) / "ingest.md"
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.ingest", "--output", str(md)],
+                capture_output=True, text=True, cwd=ROOT, timeout=SECTIONS["ingest"],
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"\n## 6. Ingest capacity\n\ntimed out after {SECTIONS['ingest']} s\n"
+        if proc.returncode != 0 or not md.exists():
+            return f"\n## 6. Ingest capacity\n\nfailed: {proc.stderr[-1000:]}\n"
+        return "\n" + md.read_text()
 
 
 if __name__ == "__main__":
