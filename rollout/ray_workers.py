@@ -223,9 +223,9 @@ class RayRolloutPool:
                 try:
                     outs: list[AgentLoopOutput] = ray.get(done[0])
                 except _lost_errors(ray) as exc:
+                    why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
                     loss = LostShare(step, validate, place["worker_id"], place["node_id"],
-                                     place["node_ip"], attempt, _samples(rows, n),
-                                     f"{type(exc).__name__}: {str(exc)[:300]}")  # fmt: skip
+                                     place["node_ip"], attempt, _samples(rows, n), why)  # fmt: skip
                     self._drop(handle)
                     if self.rerun_lost:
                         loss.rerun_attempt = attempt + 1
