@@ -269,7 +269,7 @@ def _throughput(t: dict[str, Any]) -> list[str]:
 
 
 def _cpu(c: dict[str, Any]) -> list[str]:
-    lines = ["## 6. Whole-process CPU per durable trajectory (benchmarks/cpu.py)", ""]
+    lines = ["## 9. Whole-process CPU per durable trajectory (benchmarks/cpu.py)", ""]
     if "error" in c:
         return [*lines, f"Section failed: `{c['error']}`", ""]
     us = c["us_per_durable_trajectory"]

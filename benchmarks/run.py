@@ -30,6 +30,7 @@ SECTIONS = {
     "export": 900,  # benchmarks/bench_export.py, appended as section 5
     "readers": 600,  # benchmarks/bench_readers.py, appended as section 6
     "otlp_attrs": 600,  # benchmarks/otlp_attrs.py, appended as section 7
+    "ingest": 3600,  # benchmarks/ingest.py, appended as section 8 (not in --quick: servers)
 }
 
 
@@ -56,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         # One empty, migrated MLflow store, copied by every section (migrations take seconds).
         mlflow_store(tmp, "template-source.db")
         for name in names:
-            if name in ("export", "readers", "otlp_attrs"):
-                continue  # their own scripts, run after the others (sections 5, 6 and 7)
+            if name in ("export", "readers", "otlp_attrs", "ingest"):
+                continue  # their own scripts, run after the others (sections 5 to 8)
             print(f"[benchmarks] {name} ...", file=sys.stderr, flush=True)
             args = ["--quick"] if a.quick else []
             results[name] = run_section(name, args, SECTIONS[name])
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         text += _readers_section(a.quick)
     if "otlp_attrs" in names:
         text += _otlp_attrs_section(a.quick)
+    if "ingest" in names:
+        text += _ingest_section(a.quick)
     out.write_text(text)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
@@ -142,6 +145,29 @@ def _otlp_attrs_section(quick: bool) -> str:
         f"turned into OTLP protobuf bytes; CPU time per trajectory, median of {result['reps']} "
         "repeats.\n\n" + markdown(result)
     )
+
+
+def _ingest_section(quick: bool) -> str:
+    """Section 6: what one PostgreSQL-backed MLflow server ingests (benchmarks/ingest.py).
+    Skipped in --quick: it starts PostgreSQL and five servers (minutes on 2 cores)."""
+    import subprocess
+
+    if quick:
+        return ("\n## 8. Ingest capacity\n\nnot run with --quick (PostgreSQL and several "
+                "servers); `python -m benchmarks.run --sections ingest`\n")
+    print("[benchmarks] ingest ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        md = Path(tmp) / "ingest.md"
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.ingest", "--output", str(md)],
+                capture_output=True, text=True, cwd=ROOT, timeout=SECTIONS["ingest"],
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"\n## 8. Ingest capacity\n\ntimed out after {SECTIONS['ingest']} s\n"
+        if proc.returncode != 0 or not md.exists():
+            return f"\n## 8. Ingest capacity\n\nfailed: {proc.stderr[-1000:]}\n"
+        return "\n" + md.read_text()
 
 
 if __name__ == "__main__":

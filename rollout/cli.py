@@ -58,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rollout.engines import make_engine
     from rollout.rewards import check_mode
     from rollout.trackers import Tracking
-    from rollout.worker import RolloutWorker
+    from rollout.worker import RolloutWorker, done_line
 
     tracking: Any = None
     try:  # configuration errors: a clear message and exit code 2, no traceback
@@ -73,7 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if tracking.mlflow_run_id and "mlflow" in names:
             trace["mlflow_run_id"] = tracking.mlflow_run_id  # traces linked to the MLflow run
         tracer.init(trace)
-        from rollout.ray_workers import cmd_run_ray, num_workers
+        from rollout.ray_cli import cmd_run_ray
+        from rollout.ray_workers import num_workers
 
         ray_workers = num_workers(config)  # agent.num_workers > 0: rollout in Ray actors
     except (KeyError, ValueError) as exc:
@@ -101,13 +102,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         tracer.end_step(result.step)  # keep rules: the step's min/max and groups decide now
         tracking.log_step(result, tracer.metrics())  # console line, trackers (trainer.logger)
 
+    results: list[Any] = []
+    validations: list[Any] = []
+
     def on_validate(result: Any) -> None:
+        validations.append(result)
         tracking.log_validation(result, tracer.metrics())  # val/ metrics, val/generations
 
     async def main() -> None:
         try:
-            await worker.run(steps, on_done=lambda _: bar.update(1), on_step=on_step,
-                             on_validate=on_validate)  # fmt: skip
+            results.extend(await worker.run(steps, on_done=lambda _: bar.update(1),
+                                            on_step=on_step, on_validate=on_validate))  # fmt: skip
         finally:
             await engine.close()
 
@@ -119,7 +124,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         stats = tracer.metrics()
         tracer.shutdown()
         tracking.finish(failed=sys.exc_info()[1] is not None)
-    print(f"done: {total} trajectories in {time.perf_counter() - t0:.1f} s; tracer: {stats}")
+    print(f"{done_line(results, validations)} in {time.perf_counter() - t0:.1f} s; "
+          f"tracer: {stats}")  # fmt: skip
     _print_browse_hint(trace, names)
     return 0
 

@@ -23,15 +23,15 @@ module imports it only when a pool is created.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rollout.agent_loop import AgentLoopOutput
+from rollout.ray_actor import RolloutActor
 from rollout.worker import StepResult, config_batches, validation_rows, validation_steps
 
 log = logging.getLogger("rollout")
@@ -66,73 +66,53 @@ def split_by_prompt(batch: Sequence[Any], parts: int) -> list[list[Any]]:
     return chunks
 
 
-class RolloutActor:
-    """One rollout worker in its own process (a Ray actor): engine, agent loop and tracer.
+@dataclass
+class LostShare:
+    """A worker's share of a step that did not come back: its actor (usually its node) died.
 
-    Async actor: ``run_step`` runs its trajectories concurrently on the actor's event loop (as
-    the in-process worker does), ``flush`` waits for the tracer in a thread.
+    ``samples`` are the ``(sample_index, rollout_n)`` pairs it was running. Their trajectories
+    may be partly in the store already (tagged with the dead ``node_id``, ``attempt`` as run):
+    the tracer exports as it goes, and what was still in that process's buffer or spool is gone
+    unless the spool folder is shared and replayed (README). ``rerun_attempt`` is the attempt
+    they were re-run as on the remaining workers, None when they were not re-run.
     """
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        trace: Mapping[str, Any] | None,
-        index: int,
-        engine_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        import tracer
-        from rollout.engines import make_engine
-        from rollout.worker import RolloutWorker
+    step: int
+    validate: bool
+    worker_id: str
+    node_id: str
+    node_ip: str
+    attempt: int
+    samples: list[tuple[Any, int]]
+    error: str
+    rerun_attempt: int | None = None
 
-        self.index = index
-        self.worker_id = f"worker-{index}@{socket.gethostname()}:{os.getpid()}"
-        # tracer.init inside the actor: its own sampler (max_samples_per_step_per_worker counts
-        # per actor), its own background pipeline and spool, every trace tagged worker_id.
-        base = dict(trace) if trace is not None else {"backend": None}
-        tracer.init({**base, "worker_id": self.worker_id})
-        self.engine = make_engine(config, **dict(engine_kwargs or {}))
-        self.worker = RolloutWorker(config, self.engine)
+    def describe(self) -> str:
+        what = "validation samples" if self.validate else "samples"
+        fate = (f"re-run as attempt {self.rerun_attempt}" if self.rerun_attempt is not None
+                else "not re-run")  # fmt: skip
+        return (f"step {self.step}: {len(self.samples)} {what} {self.samples} lost with node "
+                f"{self.node_ip} ({self.node_id[:12]}, {self.worker_id}); {fate}: {self.error}")
 
-    async def ready(self) -> str:
-        """The worker id, once the actor (engine, tracer) is up."""
-        return self.worker_id
 
-    async def run_step(
-        self, step: int, rows: list[dict[str, Any]], validate: bool = False
-    ) -> list[AgentLoopOutput]:
-        """All ``len(rows) * n`` trajectories of this worker's share of ``step`` (validation
-        samples with ``validate``)."""
-        if not rows:
-            return []
-        result = await self.worker.run_step(step, rows, validate=validate)
-        return result.outputs
+def _samples(rows: Sequence[Mapping[str, Any]], n: int) -> list[tuple[Any, int]]:
+    return [(row["index"], k) for row in rows for k in range(n)]
 
-    async def flush(self, step: int, timeout_s: float = 60.0) -> bool:
-        """Wait until every trajectory finished so far (so all of ``step``) is exported."""
-        import tracer
 
-        return await asyncio.to_thread(tracer.flush, timeout_s)
-
-    async def metrics(self) -> dict[str, Any]:
-        """The tracer's counters (``tracer/mlflow/exported``, ...) plus ``worker_id``."""
-        import tracer
-
-        return {"worker_id": self.worker_id, **tracer.metrics()}
-
-    async def shutdown(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """Close the engine, flush and stop the tracer; returns the final metrics."""
-        import tracer
-
-        try:
-            await self.engine.close()
-        finally:
-            m = tracer.metrics()
-            ok = await asyncio.to_thread(tracer.shutdown, timeout_s)
-        return {"worker_id": self.worker_id, "flushed": ok, **m}
+# Errors that mean a worker (its process or its whole node) is gone, not a bug in the rollout.
+def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    ex = ray.exceptions
+    return tuple(getattr(ex, n) for n in ("RayActorError", "NodeDiedError", "WorkerCrashedError",
+                                          "ObjectLostError") if hasattr(ex, n))  # fmt: skip
 
 
 class RayRolloutPool:
     """The driver side: K :class:`RolloutActor` actors, one step at a time.
+
+    A worker that dies mid-step (its node lost) is noticed when its share does not come back:
+    the pool records a :class:`LostShare` in ``lost`` (which samples, which node), drops the
+    worker, re-runs the share on the remaining workers as the next ``attempt`` (``rerun_lost``)
+    and goes on; with no worker left it raises.
 
     Example::
 
@@ -140,6 +120,7 @@ class RayRolloutPool:
         try:
             result = pool.run_step(1, batch)    # split by prompt, gathered in batch order
             assert all(pool.flush(1))           # step 1's traces are durable in the store
+            for loss in pool.lost: print(loss.describe())
         finally:
             pool.shutdown()                     # and ray.shutdown() if the pool started Ray
     """
@@ -151,6 +132,7 @@ class RayRolloutPool:
         workers: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
         start_timeout_s: float = 600.0,
+        rerun_lost: bool = True,
     ) -> None:
         try:
             import ray
@@ -161,6 +143,11 @@ class RayRolloutPool:
             ) from exc
         self.ray = ray
         self.config = config
+        self.rerun_lost = rerun_lost
+        self.lost: list[LostShare] = []
+        self.flushed: dict[int, list[bool]] = {}
+        # worker id -> (step, validate, attempt, samples) of the share it ran last
+        self._last_share: dict[str, tuple[int, bool, int, list[tuple[Any, int]]]] = {}
         k = num_workers(config) if workers is None else workers
         if k <= 0:
             raise ValueError(f"a Ray rollout pool needs at least one worker, got {k}")
@@ -178,7 +165,7 @@ class RayRolloutPool:
             for i in range(k)
         ]
         try:
-            self.worker_ids: list[str] = ray.get(
+            self.placement: list[dict[str, str]] = ray.get(
                 [w.ready.remote() for w in self.workers], timeout=start_timeout_s
             )
         except ray.exceptions.GetTimeoutError as exc:
@@ -190,7 +177,11 @@ class RayRolloutPool:
         except BaseException:
             self.shutdown()
             raise
-        self.flushed: dict[int, list[bool]] = {}
+
+    @property
+    def worker_ids(self) -> list[str]:
+        """The live workers' ids, in pool order."""
+        return [p["worker_id"] for p in self.placement]
 
     def run_step(
         self,
@@ -200,31 +191,107 @@ class RayRolloutPool:
         validate: bool = False,
     ) -> StepResult:
         """Run ``step`` over ``batch``: whole prompts (GRPO groups) per worker; the outputs
-        come back in batch order. ``on_done`` is called per trajectory as workers finish."""
+        come back in batch order. ``on_done`` is called per trajectory as workers finish.
+        A share lost with its worker is recorded in ``lost`` and re-run (see the class)."""
+        ray = self.ray
         t0 = time.perf_counter()
-        chunks = split_by_prompt(batch, len(self.workers))
-        refs = [w.run_step.remote(step, c, validate)
-                for w, c in zip(self.workers, chunks, strict=True)]  # fmt: skip
-        if on_done is not None:
-            pending = list(refs)
+        rollout = self.config["actor_rollout_ref"]["rollout"]
+        n = int((rollout.get("val_kwargs") or {}).get("n", 1)) if validate else int(rollout["n"])
+        # (order key, rows, attempt): the key keeps the outputs in batch order across re-runs
+        shares: list[tuple[tuple[int, ...], list[Any], int]] = [
+            ((i,), rows, 0) for i, rows in enumerate(split_by_prompt(batch, len(self.workers)))
+        ]
+        got: dict[tuple[int, ...], list[AgentLoopOutput]] = {}
+        while shares:
+            if not self.workers:
+                raise RuntimeError(f"step {step}: no rollout worker left; "
+                                   + "; ".join(x.describe() for x in self.lost))  # fmt: skip
+            running: dict[Any, tuple[tuple[int, ...], list[Any], int, Any, dict[str, str]]] = {}
+            for j, (key, rows, attempt) in enumerate(shares):
+                handle = self.workers[j % len(self.workers)]
+                place = self.placement[j % len(self.workers)]
+                if rows:
+                    ref = handle.run_step.remote(step, rows, validate, attempt)
+                    running[ref] = (key, rows, attempt, handle, place)
+                    self._last_share[place["worker_id"]] = (step, validate, attempt,
+                                                            _samples(rows, n))  # fmt: skip
+            shares = []
+            pending = list(running)
             while pending:
-                done, pending = self.ray.wait(pending, num_returns=1)
-                for out in self.ray.get(done[0]):
-                    on_done(out)
-        parts: list[list[AgentLoopOutput]] = self.ray.get(refs)
-        outs = [out for part in parts for out in part]
+                done, pending = ray.wait(pending, num_returns=1)
+                key, rows, attempt, handle, place = running[done[0]]
+                try:
+                    outs: list[AgentLoopOutput] = ray.get(done[0])
+                except _lost_errors(ray) as exc:
+                    why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                    loss = LostShare(step, validate, place["worker_id"], place["node_id"],
+                                     place["node_ip"], attempt, _samples(rows, n), why)  # fmt: skip
+                    self._drop(handle)
+                    if self.rerun_lost:
+                        loss.rerun_attempt = attempt + 1
+                        shares.append((key, rows, attempt + 1))
+                    self.lost.append(loss)
+                    log.error("rollout-tracer: %s", loss.describe())
+                    continue
+                got[key] = outs
+                if on_done is not None:
+                    for out in outs:
+                        on_done(out)
+            # a lost share is split over the workers left, whole prompts each
+            left = max(1, len(self.workers))
+            shares = [((*key, m), sub, attempt) for key, rows, attempt in shares
+                      for m, sub in enumerate(split_by_prompt(rows, left))]  # fmt: skip
+        outs = [out for key in sorted(got) for out in got[key]]
         elapsed = time.perf_counter() - t0  # flush not included
         return StepResult(step, outs, elapsed_s=elapsed, validate=validate)
 
+    def _drop(self, handle: Any) -> None:
+        """Take a dead worker out of the pool (its actor is ended, should it linger)."""
+        for i, w in enumerate(self.workers):
+            if w is handle:
+                del self.workers[i]
+                del self.placement[i]
+                break
+        with contextlib.suppress(Exception):
+            self.ray.kill(handle, no_restart=True)
+
     def flush(self, step: int, timeout_s: float = 60.0) -> list[bool]:
-        """Every worker flushes its tracer; all True: the traces of ``step`` are durable."""
-        ok: list[bool] = self.ray.get([w.flush.remote(step, timeout_s) for w in self.workers])
+        """Every worker flushes its tracer; all True: the traces of ``step`` are durable.
+        A worker lost before its flush answered is recorded in ``lost`` (its samples ran, but
+        the traces it had not exported yet are gone or in its spool) and dropped."""
+        ray = self.ray
+        refs = [(w, p, w.flush.remote(step, timeout_s))
+                for w, p in zip(self.workers, self.placement, strict=True)]  # fmt: skip
+        ok: list[bool] = []
+        for handle, place, ref in refs:
+            try:
+                ok.append(bool(ray.get(ref)))
+                if not ok[-1]:
+                    log.warning("rollout-tracer: traces of step %d not yet durable on %s "
+                                "(spooled, exported when the backend catches up)", step,
+                                place["worker_id"])  # fmt: skip
+            except _lost_errors(ray) as exc:
+                ok.append(False)
+                last = self._last_share.get(place["worker_id"], (step, False, 0, []))
+                why = f"lost before its traces were durable: {type(exc).__name__}"
+                loss = LostShare(last[0], last[1], place["worker_id"], place["node_id"],
+                                 place["node_ip"], last[2], last[3] if last[0] == step else [],
+                                 why)  # fmt: skip
+                self.lost.append(loss)
+                self._drop(handle)
+                log.error("rollout-tracer: %s", loss.describe())
         self.flushed[step] = ok
         return ok
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Each worker's tracer counters, with its ``worker_id``."""
-        return list(self.ray.get([w.metrics.remote() for w in self.workers]))
+        """Each live worker's tracer counters, with its ``worker_id`` (a worker lost since
+        the last step is left out; ``flush`` or ``run_step`` records the loss)."""
+        refs = [w.metrics.remote() for w in self.workers]
+        out = []
+        for ref in refs:
+            with contextlib.suppress(*_lost_errors(self.ray)):
+                out.append(self.ray.get(ref))
+        return out
 
     def run(
         self,
@@ -252,13 +319,7 @@ class RayRolloutPool:
             validate(0)
         for step in range(1, total_steps + 1):
             result = self.run_step(step, next(batches), on_done)
-            ok = self.flush(step, flush_timeout_s)
-            if not all(ok):
-                late = [w for w, good in zip(self.worker_ids, ok, strict=True) if not good]
-                log.warning(
-                    "rollout-tracer: traces of step %d not yet durable on %s (spooled, "
-                    "exported when the backend catches up)", step, late,
-                )  # fmt: skip
+            self.flush(step, flush_timeout_s)
             results.append(result)
             if on_step is not None:
                 on_step(result)
@@ -296,69 +357,3 @@ def combine_tracer_metrics(per_worker: Sequence[Mapping[str, Any]]) -> dict[str,
             if key.startswith("tracer/") and number:
                 values.setdefault(key, []).append(float(v))
     return {k: sum(v) / len(v) if "_per_" in k else sum(v) for k, v in values.items()}
-
-
-def cmd_run_ray(
-    args: Any, config: dict[str, Any], trace: dict[str, Any], browse_hint: Callable[[], None]
-) -> int:
-    """``rollout-tracer run`` with ``agent.num_workers > 0`` (called from rollout/cli.py after
-    the driver's ``tracer.init`` validated the trace config and reached the backend, and
-    ``trainer.logger`` started ``args.tracking``: the driver logs every step's metrics)."""
-    from tqdm import tqdm
-
-    import tracer
-
-    tracer.shutdown()  # the driver traces nothing: each actor runs its own tracer
-    tracking = getattr(args, "tracking", None)
-    k = num_workers(config)
-    uri = str(trace.get("tracking_uri") or "")
-    backends = trace.get("backend")
-    if "mlflow" in str(backends) and not uri.startswith(("http://", "https://")):
-        print(f"note: {k} workers share the MLflow store {uri}; for several workers (and any "
-              "multi-node cluster) point them at one tracking server: "
-              "actor_rollout_ref.rollout.trace.tracking_uri=http://HOST:5000")  # fmt: skip
-    steps = int(config["trainer"]["total_steps"])
-    rollout = config["actor_rollout_ref"]["rollout"]
-    total = steps * int(config["data"]["train_batch_size"]) * int(rollout["n"])
-    t0 = time.perf_counter()
-    print(f"starting {k} Ray rollout workers ({rollout['name']} engine for "
-          f"{config['actor_rollout_ref']['model']['path']})")  # fmt: skip
-    pool: RayRolloutPool | None = None
-    bar = tqdm(total=total, desc="trajectories", unit="traj", disable=args.no_progress)
-
-    def on_step(result: StepResult) -> None:
-        assert pool is not None
-        m = result.metrics()
-        bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
-        durable = all(pool.flushed.get(result.step, [False]))
-        if tracking is not None:  # console line and trackers (trainer.logger), all workers
-            tracking.log_step(result, combine_tracer_metrics(pool.metrics()))
-        if not durable:
-            tqdm.write(f"step {result.step}: traces not yet durable on every worker (spooled)")
-
-    def on_validate(result: StepResult) -> None:
-        assert pool is not None
-        if tracking is not None:  # val/ metrics and the val/generations table
-            tracking.log_validation(result, combine_tracer_metrics(pool.metrics()))
-
-    final: list[dict[str, Any]] = []
-    failed = True
-    try:
-        pool = RayRolloutPool(config, trace, k)
-        pool.run(steps, on_done=lambda _: bar.update(1), on_step=on_step,
-                 on_validate=on_validate)  # fmt: skip
-        failed = False
-    finally:
-        bar.close()
-        if pool is not None:
-            final = pool.shutdown()
-        if tracking is not None:
-            tracking.finish(failed=failed)
-    stats = combine_tracer_metrics(final)
-    print(f"done: {total} trajectories in {time.perf_counter() - t0:.1f} s on {k} workers; "
-          f"tracer (all workers): {stats}")  # fmt: skip
-    for m in final:
-        exported = {n: v for n, v in m.items() if n.endswith("/exported")}
-        print(f"  {m.get('worker_id', '?')}: {exported}")
-    browse_hint()
-    return 0

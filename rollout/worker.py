@@ -86,6 +86,13 @@ def validation_steps(config: dict[str, Any], total_steps: int) -> tuple[bool, se
     return bool(trainer.get("val_before_train")), after
 
 
+def done_line(results: list[StepResult], validations: list[StepResult]) -> str:
+    """The run's summary: training and validation trajectories, each counted on its own."""
+    train = sum(len(r.outputs) for r in results)
+    val = sum(len(r.outputs) for r in validations)
+    return f"done: {train} training + {val} validation trajectories"
+
+
 @dataclass
 class StepResult:
     """All trajectories of one step and their summary metrics."""
@@ -152,6 +159,10 @@ class RolloutWorker:
             "top_p": float(val.get("top_p", 1.0)),
         })  # fmt: skip
         self._val_rows: list[dict[str, Any]] | None = None
+        # Extra attributes on every trajectory this worker traces (tags in the store): a Ray
+        # worker puts its node's id and IP here (rollout/ray_workers.py), so a trace says
+        # where it ran.
+        self.trace_attributes: dict[str, Any] = {}
 
     def validation_rows(self) -> list[dict[str, Any]]:
         """The fixed validation set: the same prompts at every validation step."""
@@ -165,23 +176,25 @@ class RolloutWorker:
                 {"role": "user", "content": row["question"]}]  # fmt: skip
 
     async def run_sample(
-        self, step: int, row: dict[str, Any], k: int, validate: bool = False
+        self, step: int, row: dict[str, Any], k: int, validate: bool = False, attempt: int = 0
     ) -> AgentLoopOutput:
         """One trajectory: sample ``k`` of the GRPO group of ``row`` at ``step`` (a validation
-        sample with ``validate``: val_kwargs sampling, traced with ``validate=True``)."""
+        sample with ``validate``: val_kwargs sampling, traced with ``validate=True``).
+        ``attempt`` counts re-runs of the same sample (0: the first), e.g. after the node that
+        ran it was lost: a new trajectory, tagged ``attempt``, never an overwrite."""
         params = SamplingParams(**{**(self.val_sampling if validate else self.sampling).__dict__})
         key = f"{self.seed}:{step}:{row['index']}:{k}{':val' if validate else ''}".encode()
         params.seed = zlib.crc32(key)
         with tracer.trace_attr(
             step=step, sample_index=row["index"], rollout_n=k, validate=validate,
-            name="trajectory", policy_version=step,
+            name="trajectory", policy_version=step, attempt=attempt, **self.trace_attributes,
         ):  # fmt: skip
             out = await self.agent.run(
                 self.messages_for(row), params, ground_truth=row["answer"],
                 request_id=f"{'v' if validate else 's'}{step}-i{row['index']}-n{k}",
             )  # fmt: skip
         out.extra.update(step=step, sample_index=row["index"], rollout_n=k, policy_version=step,
-                         validate=validate)  # fmt: skip
+                         validate=validate, attempt=attempt)  # fmt: skip
         return out
 
     async def run_step(
@@ -190,12 +203,13 @@ class RolloutWorker:
         batch: list[dict[str, Any]],
         on_done: Callable[[AgentLoopOutput], None] | None = None,
         validate: bool = False,
+        attempt: int = 0,
     ) -> StepResult:
         """All ``len(batch) * n`` trajectories of one step, concurrently (``val_kwargs.n`` per
         prompt with ``validate``)."""
 
         async def one(row: dict[str, Any], k: int) -> AgentLoopOutput:
-            out = await self.run_sample(step, row, k, validate)
+            out = await self.run_sample(step, row, k, validate, attempt)
             if on_done is not None:
                 on_done(out)
             return out

@@ -65,9 +65,16 @@ def _mlflow_executable() -> str:
     return str(exe) if exe.exists() else (shutil.which("mlflow") or "mlflow")
 
 
-def start_mlflow_server(root: Path, port: int | None = None) -> MlflowServer:
-    """Start a lean ``mlflow server`` (1 worker, no job execution) on 127.0.0.1 over the sqlite
-    store in ``root``, in its own process group, and wait until it is healthy."""
+def start_mlflow_server(
+    root: Path,
+    port: int | None = None,
+    backend_store_uri: str | None = None,
+    workers: int = 1,
+    host: str = "127.0.0.1",
+) -> MlflowServer:
+    """Start a lean ``mlflow server`` (``workers`` workers, no job execution) on ``host`` over
+    ``backend_store_uri`` (default: the sqlite store in ``root``), in its own process group,
+    and wait until it is healthy."""
     port = port or free_port()
     log_path = root / "server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -75,23 +82,23 @@ def start_mlflow_server(root: Path, port: int | None = None) -> MlflowServer:
         _mlflow_executable(),
         "server",
         "--backend-store-uri",
-        f"sqlite:///{root / 'mlflow.db'}",
+        backend_store_uri or f"sqlite:///{root / 'mlflow.db'}",
         "--default-artifact-root",
         str(root / "artifacts"),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--workers",
-        "1",
+        str(workers),
     ]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited: {log_path.read_text()[-3000:]}")
@@ -115,6 +122,33 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
     """A lean ``mlflow server`` shared by the session; stopped at the end."""
     pytest.importorskip("mlflow")
     server = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_uri() -> Iterator[str]:
+    """A throwaway PostgreSQL server (initdb in a temporary folder, stopped at the end) and the
+    SQLAlchemy URI of an empty database on it; skips, saying why, where it cannot start."""
+    from benchmarks.postgres import postgres_available, temporary_postgres
+
+    if why := postgres_available():
+        pytest.skip(why)
+    with temporary_postgres("mlflow") as uris:
+        yield uris[0]
+
+
+@pytest.fixture(scope="session")
+def postgres_mlflow_server(
+    postgres_uri: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MlflowServer]:
+    """A lean ``mlflow server`` on the session's PostgreSQL (``postgresql+psycopg2://``);
+    stopped at the end. (Ray nodes on 127.0.0.2/.3 reach 127.0.0.1: all of it is loopback.)"""
+    pytest.importorskip("mlflow")
+    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow-pg"),
+                                 backend_store_uri=postgres_uri)  # fmt: skip
     try:
         yield server
     finally:

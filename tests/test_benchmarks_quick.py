@@ -26,7 +26,7 @@ SECTIONS = (
     "## 3. Rollout throughput",
     "## 4. Peak memory",
     "## 5. Export to Parquet",
-    "## 6. Whole-process CPU per durable trajectory",
+    "## 9. Whole-process CPU per durable trajectory",
     "## 7. OTLP attributes per trajectory",
 )
 
@@ -77,7 +77,7 @@ def test_quick_benchmarks_write_every_section(tmp_path: Path) -> None:
     assert re.search(r"peak RSS \| [\d.]+ MiB", mem)
     held = r"held \(memory \+ spool\) / of those in the spool / dropped \| \d+ / \d+ / \d+"
     assert re.search(held, mem)
-    cpu = _section(text, "## 6. Whole-process CPU per durable trajectory")
+    cpu = _section(text, "## 9. Whole-process CPU per durable trajectory")
     assert re.search(r"\| OpenTelemetry SDK .+ \| [\d.]+ \|", cpu), cpu
     assert re.search(r"\| serialize \| [\d.]+ \|", cpu), cpu
     export = _section(text, "## 5. Export to Parquet")

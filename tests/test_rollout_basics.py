@@ -129,3 +129,20 @@ def test_cli_reports_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["run", "actor_rollout_ref.rollout.nn=2"]) == 2
     assert "valid keys at actor_rollout_ref.rollout" in capsys.readouterr().err
+
+
+def test_run_summary_counts_training_and_validation_apart(
+    mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("mlflow")
+    pytest.importorskip("transformers")
+    from rollout.cli import main
+
+    rc = main(["run", "--no-progress", "actor_rollout_ref.rollout.name=scripted",
+               "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2",
+               "trainer.total_steps=2", "trainer.val_before_train=true", "trainer.test_freq=2",
+               "data.val_max_samples=3",
+               f"actor_rollout_ref.rollout.trace.tracking_uri={mlflow_uri}"])  # fmt: skip
+    assert rc == 0
+    # 2 steps x 2 prompts x n=2; validation before step 1 and after step 2, 3 prompts x n=1
+    assert "done: 8 training + 6 validation trajectories in " in capsys.readouterr().out
