@@ -1,0 +1,81 @@
+"""``tracer.annotate`` on the OTLP, Weave and Trackio backends, each read back through its
+real counterpart: a lean ``mlflow server`` receiving OTLP/HTTP (MLflow's own client and the
+export's reader), weave's real client over the in-process trace server (its feedback API),
+and trackio's own local store."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+import tracer
+from tests._servers import MlflowServer, mlflow_server  # noqa: F401  (fixture)
+from tracer.annotations import token_values
+from tracer.tokens import VALUE_ATTR_PREFIX, decode_floats
+
+SALT = "5a" * 16
+TRAIN = [-0.5, -0.25, -2.0]
+REF = [-0.75, -0.25, -1.5]
+ROLLOUT = [-0.5, -0.125, -1.0]
+
+
+@tracer.trace_op(kind="generate")
+def generate(prompt_ids: list[int]) -> dict[str, Any]:
+    return {"response_ids": [7, 8, 9], "finish_reason": "stop", "logprobs": ROLLOUT}
+
+
+def _rollout(samples: int) -> None:
+    for i in range(samples):
+        with tracer.trace_attr(step=1, sample_index=i, rollout_n=0):
+            generate([1, 2, 3])
+
+
+def _annotate(sample: int = 0) -> None:
+    assert tracer.annotate(step=1, sample_index=sample, rollout_n=0,
+                           values={"train_logprob": TRAIN, "ref_logprob": REF, "advantage": 0.5})
+
+
+def test_otlp_annotation_lands_in_the_trace(mlflow_server: MlflowServer) -> None:  # noqa: F811
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from mlflow.tracking import MlflowClient
+
+    from tracer.readers.sources import iter_mlflow
+
+    exp = "otlp-annotate"
+    exp_id = mlflow_server.experiment_id(exp)
+    tracer.init({"backend": "otlp", "project_name": exp, "run_salt": SALT,
+                 "otlp_endpoint": f"{mlflow_server.url}/v1/traces",
+                 "otlp_headers": {"x-mlflow-experiment-id": exp_id},
+                 "raise_internal_errors": True})  # fmt: skip
+    _rollout(2)
+    assert tracer.flush(timeout_s=60)
+    _annotate()
+    _annotate()  # again: the same span id, so still one annotation
+    assert tracer.flush(timeout_s=60)
+    m = tracer.metrics()
+    assert m["tracer/annotations/otlp/applied"] == 2 and "tracer/annotations/otlp/failed" not in m
+    tracer.shutdown()
+
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    deadline = time.monotonic() + 30
+    while True:
+        [trace] = client.search_traces(locations=[exp_id], filter_string="tags.sample_index = '0'")
+        names = [s.name for s in trace.data.spans]
+        if "annotation" in names or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert names.count("annotation") == 1 and names.count("trajectory") == 1, names
+    root = next(s for s in trace.data.spans if s.parent_id is None)
+    [ann] = [s for s in trace.data.spans if s.name == "annotation"]
+    assert ann.parent_id == root.span_id
+    assert decode_floats(ann.attributes[VALUE_ATTR_PREFIX + "train_logprob"]) == TRAIN
+    assert ann.attributes[VALUE_ATTR_PREFIX + "advantage"] == 0.5
+    # the export's reader: the tokens table gets the engine's and the trainer's values
+    records = {r.sample_index: r for page in iter_mlflow(mlflow_server.url, exp) for r in page}
+    values = token_values(records["0"].spans if "0" in records else records[0].spans)
+    assert values["rollout_logprob"] == ROLLOUT and values["train_logprob"] == TRAIN
+    assert values["ref_logprob"] == REF
+    other = records["1"] if "1" in records else records[1]
+    assert "train_logprob" not in token_values(other.spans)
