@@ -79,3 +79,42 @@ def test_otlp_annotation_lands_in_the_trace(mlflow_server: MlflowServer) -> None
     assert values["ref_logprob"] == REF
     other = records["1"] if "1" in records else records[1]
     assert "train_logprob" not in token_values(other.spans)
+
+
+def test_weave_annotation_is_call_feedback(weave_server: Any) -> None:
+    import uuid
+
+    from weave.trace.context.weave_client_context import set_weave_client_global
+    from weave.trace.weave_client import WeaveClient
+
+    from tracer.backends.weave_backend import FEEDBACK_TYPE
+
+    tracer.init({"backend": "weave", "project_name": "weave-annotate", "weave_entity": "team",
+                 "run_salt": SALT, "raise_internal_errors": True})  # fmt: skip
+    _rollout(2)
+    assert tracer.flush(timeout_s=30)
+    _annotate()
+    _annotate()  # again: the same feedback row
+    assert tracer.annotate(step=1, sample_index=7, rollout_n=0, values={"advantage": 1.0})
+    assert tracer.flush(timeout_s=30)
+    m = tracer.metrics()
+    assert m["tracer/annotations/weave/applied"] == 2, m
+    assert m["tracer/annotations/weave/skipped"] == 1, m  # sample 7 was never traced
+    roots = {c["attributes"]["sample_index"]: c["id"] for c in weave_server.calls()
+             if c["parent_id"] is None}  # fmt: skip
+    tracer.shutdown()
+
+    # read back with weave's own client: the root call's feedback
+    reader = WeaveClient("team", "weave-annotate", weave_server, ensure_project_exists=False)
+    set_weave_client_global(reader)
+    try:
+        [feedback] = list(reader.get_call(roots[0]).feedback)
+        assert list(reader.get_call(roots[1]).feedback) == []
+    finally:
+        set_weave_client_global(None)
+    assert feedback.feedback_type == FEEDBACK_TYPE
+    values = feedback.payload["values"]
+    assert decode_floats(values["train_logprob"]) == TRAIN
+    assert decode_floats(values["ref_logprob"]) == REF and values["advantage"] == 0.5
+    assert feedback.payload["summary"]["ref_kl_mean"] > 0
+    uuid.UUID(feedback.id)
