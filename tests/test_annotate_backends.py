@@ -118,3 +118,31 @@ def test_weave_annotation_is_call_feedback(weave_server: Any) -> None:
     assert decode_floats(values["ref_logprob"]) == REF and values["advantage"] == 0.5
     assert feedback.payload["summary"]["ref_kl_mean"] > 0
     uuid.UUID(feedback.id)
+
+
+def test_trackio_annotation_is_a_trace_at_the_step(trackio_dir: Any) -> None:
+    from trackio.sqlite_storage import SQLiteStorage
+
+    tracer.init({"backend": "trackio", "project_name": "trackio-annotate",
+                 "experiment_name": "grpo", "run_salt": SALT,
+                 "raise_internal_errors": True})  # fmt: skip
+    _rollout(2)
+    assert tracer.flush(timeout_s=30)
+    _annotate()
+    assert tracer.flush(timeout_s=30)
+    assert tracer.metrics()["tracer/annotations/trackio/applied"] == 1
+    tracer.shutdown()
+
+    from trackio import Api
+
+    assert len(list(Api().runs("trackio-annotate"))) == 1  # annotations: the traces' run
+    traces = SQLiteStorage.get_traces("trackio-annotate", run="grpo", sort="request_time_asc")
+    [ann] = [t for t in traces if t["key"] == "rollout_trace/annotation"]
+    meta = ann["metadata"]
+    assert ann["step"] == 1 and meta["kind"] == "annotation" and meta["sample_index"] == 0
+    assert decode_floats(meta["values"]["train_logprob"]) == TRAIN
+    assert meta["values"]["advantage"] == 0.5
+    generates = [t for t in traces if t["key"] == "rollout_trace/generate"]
+    assert len(generates) == 2
+    assert meta["trace_id"] == next(g["metadata"]["trace_id"] for g in generates
+                                    if g["metadata"]["sample_index"] == 0)  # fmt: skip

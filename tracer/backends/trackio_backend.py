@@ -20,6 +20,13 @@ context (a current run of another project is left running and current), finished
 shutdown. Within a process a trajectory is logged once (a retried batch is not logged twice);
 trackio has no upsert, so a batch replayed by another process after a crash can appear twice.
 
+Annotations (``tracer.annotate``) are logged as one more ``Trace`` at the trajectory's step,
+key ``rollout_trace/annotation``, metadata ``op``/``kind`` ``annotation``, the trajectory's
+``trace_id`` and identity, the annotation's ``span_id``, its encoded ``values`` and the
+aggregates of the values it holds. trackio is append-only and cannot be searched by trace id
+from here, so every annotation counts as applied; annotating again appends a row with the
+same ``span_id`` (the latest wins).
+
 A batch is in trackio's store when ``export`` returns: it writes the run's queue with
 ``Run._flush_queues_inline`` (private; trackio is pinned, 0.43.0) instead of waiting for
 trackio's own sender thread.
@@ -33,6 +40,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from tracer.annotations import AnnotationRecord, annotation_span
 from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
 from tracer.record import STYLE_KEY, SpanRecord, TrajectoryRecord
@@ -114,7 +122,7 @@ def _step(record: TrajectoryRecord) -> int | None:
         return None
 
 
-def _own_run(config: TraceConfig) -> Any:
+def _own_run(config: TraceConfig, resume: str = "never") -> Any:
     """A new run, started in a copy of the caller's context: the caller's current trackio run
     (another project's, say the training metrics') is neither finished by ``trackio.init``
     nor replaced as the current run."""
@@ -129,6 +137,7 @@ def _own_run(config: TraceConfig) -> Any:
             project=config.project_name,
             name=config.experiment_name,
             config={"framework": "verl"},
+            resume=resume,
         )
 
     return contextvars.copy_context().run(start)
@@ -145,10 +154,20 @@ class TrackioExporter(Exporter):
         self._trace = trackio.Trace
         current: Any = context_vars.current_run.get()
         self._owns_run = current is None or current.project != config.project_name
-        self.run: Any = _own_run(config) if self._owns_run else current
-        self.destination = f"trackio:{self.run.project}/{self.run.name}"  # names the spool
+        # the annotator's exporter (annotations only) resumes the traces' run on first use
+        # instead of starting a second run of the same name (see annotate)
+        self._run: Any = None if self._owns_run else current
+        run_name = config.experiment_name if self._owns_run else current.name
+        self.destination = f"trackio:{config.project_name}/{run_name}"  # names the spool
         self._lock = threading.Lock()
         self._logged: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    @property
+    def run(self) -> Any:
+        """The run traces go to, started on first use (``export``)."""
+        if self._run is None:
+            self._run = _own_run(self.config)
+        return self._run
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
@@ -171,6 +190,30 @@ class TrackioExporter(Exporter):
         self.force_flush()  # written when export returns, like every other backend
         return ExportResult.SUCCESS
 
+    supports_annotations = True
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        if self._run is None:  # the traces' run, written by this process's export exporter
+            self._run = _own_run(self.config, resume="allow")
+        for ann in batch:
+            span, _tags = annotation_span(ann, ann.root_span_id, ann.created_ns, None)
+            metadata = {
+                "op": "annotation", "backend": "trackio", "kind": "annotation",
+                "experiment_name": self.config.experiment_name, "trace_id": ann.trace_id,
+                "span_id": span.span_id, "step": ann.step, "sample_index": ann.sample_index,
+                "rollout_n": ann.rollout_n, "validate": ann.validate,
+                "values": dict(ann.values), "summary": span.outputs,
+            }  # fmt: skip
+            messages = [
+                {"role": "system", "content": "rollout-tracer annotation (tracer.annotate)"},
+                {"role": "assistant", "content": _content(span.outputs)},
+            ]
+            step = None if ann.step is None else int(ann.step)
+            trace = self._trace(messages=messages, metadata=metadata)
+            self.run.log({trace_key("annotation"): trace}, step=step)
+        self.force_flush()
+        return [True] * len(batch)
+
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         flush = getattr(self.run, "_flush_queues_inline", None)
         lock = getattr(self.run, "_client_lock", None)
@@ -181,6 +224,8 @@ class TrackioExporter(Exporter):
         return True
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
+        if self._run is None:
+            return
         if self._owns_run:
             self.run.finish()
         else:
