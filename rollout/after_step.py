@@ -37,6 +37,7 @@ class AfterStep:
         if (self.heatmap_freq > 0 and step % self.heatmap_freq == 0 and tokens.rollout
                 and len(tokens.rollout) == len(tokens.masks)):
             rows = kl_matrix(tokens.masks, tokens.rollout, tokens.train)
-            title = f"step {step}: mismatch KL (k3), rows sample/rollout {', '.join(tokens.labels)}"
-            log_heatmap(self.tracking, step, render(rows, title), title)
+            title = f"step {step}: mismatch KL (k3), {len(rows)} trajectories"
+            caption = f"{title}; rows (sample/rollout): {', '.join(tokens.labels)}"
+            log_heatmap(self.tracking, step, render(rows, title), caption)
         return metrics
