@@ -72,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tracking = args.tracking = Tracking.from_config(config, trace)  # trainer.logger
         if tracking.mlflow_run_id and "mlflow" in names:
             trace["mlflow_run_id"] = tracking.mlflow_run_id  # traces linked to the MLflow run
+        trace.setdefault("run_salt", tracer.new_run_salt())  # annotate() finds the traces
         tracer.init(trace)
         from rollout.ray_cli import cmd_run_ray
         from rollout.ray_workers import num_workers
@@ -91,6 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"loading {rollout['name']} engine for {config['actor_rollout_ref']['model']['path']}")
     engine = make_engine(config)
     worker = RolloutWorker(config, engine)
+    from rollout.after_step import AfterStep
+
+    after_step = AfterStep(config, engine, tracking)  # trainer pass, rollout_corr/*, heatmaps
 
     from tqdm import tqdm
 
@@ -100,7 +104,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         m = result.metrics()
         bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
         tracer.end_step(result.step)  # keep rules: the step's min/max and groups decide now
-        tracking.log_step(result, tracer.metrics())  # console line, trackers (trainer.logger)
+        extra = after_step(result)
+        tracking.log_step(result, {**tracer.metrics(), **extra})  # console, trainer.logger
 
     results: list[Any] = []
     validations: list[Any] = []

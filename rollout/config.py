@@ -28,15 +28,17 @@ class ConfigKeyError(KeyError):
 
 
 def read_config_text(name: str = DEFAULT_CONFIG) -> str:
-    """The text of a packaged config: ``rollout._config`` when installed, else ``config/``."""
+    """The text of a packaged config: ``config/`` beside this package in a source checkout
+    (so a checkout's own config wins over an editable install's mapping to another tree),
+    else ``rollout._config`` when installed."""
+    path = Path(__file__).resolve().parent.parent / "config" / name
+    if path.is_file():
+        return path.read_text("utf-8")
     try:
         return resources.files("rollout._config").joinpath(name).read_text("utf-8")
     except (ModuleNotFoundError, FileNotFoundError):
         pass
-    path = Path(__file__).resolve().parent.parent / "config" / name
-    if not path.is_file():
-        raise FileNotFoundError(f"config {name!r} not found (looked in rollout._config, {path})")
-    return path.read_text("utf-8")
+    raise FileNotFoundError(f"config {name!r} not found (looked in {path}, rollout._config)")
 
 
 def _parse_value(text: str) -> Any:

@@ -435,6 +435,11 @@ class Tracking:
                 log.warning("tracker %s failed to %s (the rollout goes on; further errors "
                             "not shown): %r", tracker.name, what, exc)  # fmt: skip
 
+    def call(self, tracker: Tracker, what: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` for ``tracker`` (e.g. an image, rollout/heatmap.py): a failure is
+        warned about once per kind and the rollout goes on."""
+        self._call(tracker, what, fn)
+
     def log(self, metrics: Mapping[str, Any], step: int) -> dict[str, float]:
         """Log ``metrics`` (non-numbers skipped with one warning each) at ``step``."""
         clean = clean_metrics(metrics)

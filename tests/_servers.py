@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,7 @@ class InProcessWeaveServer:
         self.objs: list[dict[str, Any]] = []
         self.files: dict[str, bytes] = {}
         self.tables: dict[str, list[Any]] = {}
+        self.feedback: dict[str, dict[str, Any]] = {}
 
     # writes ---------------------------------------------------------------------------
     def call_start(self, req: Any) -> Any:
@@ -225,6 +227,33 @@ class InProcessWeaveServer:
         with self.lock:
             self.files[digest] = data
         return FileCreateResponse(digest=digest)
+
+    def feedback_create(self, req: Any) -> Any:
+        """Stored by id (a client-given id replaces the row, as an upsert)."""
+        import datetime
+
+        from weave.vendor.weave_server_sdk.types import FeedbackCreateResponse
+
+        row = {k: v for k, v in dict(req).items() if v is not None}
+        row.setdefault("id", str(uuid.uuid4()))
+        row["created_at"] = datetime.datetime.now(datetime.timezone.utc)
+        with self.lock:
+            self.feedback[row["id"]] = row
+        return FeedbackCreateResponse(id=row["id"], created_at=row["created_at"],
+                                      payload=row["payload"], wb_user_id="tests")  # fmt: skip
+
+    def feedback_query(self, req: Any) -> Any:
+        """Only the query weave's ``call.feedback`` sends: ``weave_ref`` equal to a literal."""
+        from weave.vendor.weave_server_sdk.types import FeedbackQueryResponse
+
+        field, literal = req["query"]["$expr"]["$eq"]
+        if field != {"$getField": "weave_ref"}:
+            raise NotImplementedError(f"InProcessWeaveServer: feedback query {req['query']}")
+        with self.lock:
+            rows = [dict(r) for r in self.feedback.values()
+                    if r["project_id"] == req["project_id"]
+                    and r["weave_ref"] == literal["$literal"]]  # fmt: skip
+        return FeedbackQueryResponse(result=rows, total_count=len(rows))
 
     def table_create(self, req: Any) -> Any:
         from weave.vendor.weave_server_sdk.types import TableCreateResponse

@@ -80,6 +80,21 @@ def weave_server() -> Iterator[Any]:
         tracer.reset()
 
 
+def patch_trackio_dirs(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """Point trackio's store and media folders at ``path``. trackio reads TRACKIO_DIR once, at
+    import, and several of its modules copy the folders into constants of their own."""
+    import importlib
+
+    monkeypatch.setenv("TRACKIO_DIR", str(path))
+    for name in ("trackio", "trackio.utils", "trackio.sqlite_storage", "trackio.run",
+                 "trackio.table", "trackio.media.media"):  # fmt: skip
+        module = importlib.import_module(name)
+        for attr, value in (("TRACKIO_DIR", path), ("MEDIA_DIR", path / "media"),
+                            ("ARTIFACTS_DIR", path / "artifacts")):  # fmt: skip
+            if hasattr(module, attr):
+                monkeypatch.setattr(module, attr, value)
+
+
 @pytest.fixture
 def trackio_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """trackio's local store (its sqlite files) under tmp_path, nothing sent anywhere.
@@ -92,12 +107,7 @@ def trackio_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     for var in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
         monkeypatch.delenv(var, raising=False)
     path = tmp_path / "trackio"
-    monkeypatch.setenv("TRACKIO_DIR", str(path))
-    monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", path)
-    monkeypatch.setattr(trackio.utils, "MEDIA_DIR", path / "media")
-    monkeypatch.setattr(trackio.utils, "ARTIFACTS_DIR", path / "artifacts")
-    monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", path)
-    monkeypatch.setattr(trackio, "TRACKIO_DIR", path)
+    patch_trackio_dirs(monkeypatch, path)
     yield path
     tracer.reset()  # finishes a run the trackio backend started
     trackio.context_vars.current_run.set(None)  # the run trackio.init made current here

@@ -14,6 +14,7 @@ import pytest
 
 from rollout.cli import main
 from tests.conftest import search_traces
+from tests.token_view_checks import check_token_view
 from tracer.readers.sources import iter_mlflow
 
 
@@ -86,3 +87,6 @@ def test_default_run_in_mlflow(tmp_path: Path, mlflow_uri: str) -> None:
     assert len(table["data"]) == 2 and "response" in table["columns"]
     history = client.get_metric_history(run.info.run_id, "val/reward/mean")
     assert sorted(m.step for m in history) == [0, 2]
+
+    # the token view: trainer and reference log-probs on every model token, rollout_corr/*
+    check_token_view(tmp_path, mlflow_uri, client, run.info.run_id)

@@ -60,13 +60,11 @@ def trackers_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     trackio_dir = tmp_path / "trackio"
     monkeypatch.setenv("TRACKIO_DIR", str(trackio_dir))
     if _installed("trackio"):  # TRACKIO_DIR is read once, at trackio's import
-        import trackio.sqlite_storage
-        import trackio.utils
+        from tests.conftest import patch_trackio_dirs
 
-        monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", trackio_dir)
-        monkeypatch.setattr(trackio.utils, "MEDIA_DIR", trackio_dir / "media")
-        monkeypatch.setattr(trackio.utils, "ARTIFACTS_DIR", trackio_dir / "artifacts")
-        monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", trackio_dir)
+        patch_trackio_dirs(monkeypatch, trackio_dir)
+    if "wandb" in sys.modules:  # an earlier test's wandb settings (WANDB_DIR) are cached
+        sys.modules["wandb"].teardown()
     return tmp_path
 
 

@@ -253,3 +253,25 @@ async def test_traced_rollout_through_vllm_into_mlflow(engine, mlflow_uri: str) 
     turns = [o.num_assistant_turns for o in outs.values()]
     calls = [o.tool_calls for o in outs.values()]
     print(f"\ntraced step: 2 trajectories, turns={turns}, tool calls={calls}, {dt:.1f}s")
+
+
+@vllm_test
+async def test_tool_choice_required_is_one_tool_call(engine) -> None:
+    """``tool_choice=required`` through vLLM's structured outputs (xgrammar's structural tag,
+    as the hf engine): exactly one Hermes tool call whose arguments match the schema."""
+    import json
+
+    from rollout.tools import default_tools
+
+    tools = default_tools(["calculator"]).schemas()
+    ids = _chat_ids(engine.tokenizer, "What is 17 * 23? Use the calculator.")
+    params = SamplingParams(max_tokens=96, temperature=0.7, seed=3, tools=tools,
+                            tool_choice="required")  # fmt: skip
+    out = await engine.generate(ids, params)
+    text = engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert text.startswith('<tool_call>\n{"name": "calculator", "arguments": '), text
+    body = text.split("<tool_call>\n", 1)[1].split("\n</tool_call>", 1)[0]
+    assert set(json.loads(body)["arguments"]) == {"expression"}
+    free = await engine.generate(ids, SamplingParams(max_tokens=8, seed=3, tools=tools,
+                                                     tool_choice="none"))  # fmt: skip
+    assert "<tool_call>" not in engine.tokenizer.decode(free.token_ids)

@@ -53,6 +53,25 @@ def xgrammar_module() -> Any:
     return xgrammar
 
 
+def structural_tag(xgr: Any, tools: list[dict[str, Any]], tool_choice: str) -> Any:
+    """xgrammar's structural tag for one turn under ``tool_choice`` (both engines use it)."""
+    return xgr.get_model_structural_tag(
+        "qwen_3",  # the Hermes <tool_call> JSON format our template and parser use
+        tools=tools,
+        tool_choice=check_tool_choice(tool_choice),
+        reasoning=False,  # no <think> block
+        parallel_tool_calls=False,  # one call, then the end of the turn
+        max_whitespace_cnt=1,  # no runs of indentation inside the JSON
+    )
+
+
+def structural_tag_json(tools: list[dict[str, Any]], tool_choice: str) -> str:
+    """The same structural tag as JSON, as vLLM's structured outputs take it
+    (``StructuredOutputsParams(structural_tag=...)``, compiled by vLLM's xgrammar backend)."""
+    tag = structural_tag(xgrammar_module(), tools, tool_choice)
+    return str(tag.model_dump_json())
+
+
 class ToolGrammars:
     """Compiled tool-call grammars for one tokenizer, cached by (tools, tool_choice).
 
@@ -79,14 +98,7 @@ class ToolGrammars:
                         self.tokenizer, vocab_size=self.vocab_size
                     )
                     self._compiler = xgr.GrammarCompiler(info)
-                tag = xgr.get_model_structural_tag(
-                    "qwen_3",  # the Hermes <tool_call> JSON format our template and parser use
-                    tools=tools,
-                    tool_choice=tool_choice,
-                    reasoning=False,  # no <think> block
-                    parallel_tool_calls=False,  # one call, then the end of the turn
-                    max_whitespace_cnt=1,  # no runs of indentation inside the JSON
-                )
+                tag = structural_tag(xgr, tools, tool_choice)
                 self._cache[key] = self._compiler.compile_structural_tag(tag)
             return self._cache[key]
 

@@ -21,6 +21,7 @@ imported where vLLM is not installed.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -97,7 +98,7 @@ class VllmEngine:
 
             tokenizer = load_tokenizer(self.model_path)
         self.tokenizer: Any = tokenizer
-        self._warned_tool_choice = False
+        self._tool_tags: dict[str, str] = {}  # (tool_choice, tools) -> structural tag JSON
 
         args: dict[str, Any] = dict(
             model=self.model_path,
@@ -195,11 +196,18 @@ class VllmEngine:
         )
         if params.logprobs:
             kwargs["logprobs"] = 0  # only the sampled token's logprob
-        if params.tool_choice != "auto" and params.tools and not self._warned_tool_choice:
-            # not wired to vLLM's structured outputs yet: turns are unconstrained here
-            self._warned_tool_choice = True
-            logger.warning("tool_choice=%r is not applied by the vllm engine (only by the hf "
-                           "engine, with xgrammar); generating without it", params.tool_choice)
+        if params.tool_choice != "auto" and params.tools:
+            # as the hf engine: xgrammar's structural tag for the turn, here through vLLM's
+            # own structured outputs (its xgrammar backend compiles and caches it)
+            from vllm.sampling_params import StructuredOutputsParams
+
+            key = json.dumps([params.tool_choice, params.tools], sort_keys=True)
+            tag = self._tool_tags.get(key)
+            if tag is None:
+                from rollout.engines.structured import structural_tag_json
+
+                tag = self._tool_tags[key] = structural_tag_json(params.tools, params.tool_choice)
+            kwargs["structured_outputs"] = StructuredOutputsParams(structural_tag=tag)
         return self._vllm.SamplingParams(**kwargs)
 
     @staticmethod

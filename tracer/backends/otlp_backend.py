@@ -15,6 +15,14 @@ Headers: ``OTEL_EXPORTER_OTLP_TRACES_HEADERS`` / ``OTEL_EXPORTER_OTLP_HEADERS``,
 ``config.export_timeout_s``; a failed POST returns ``ExportResult.FAILURE`` and the pipeline
 retries it ``export_max_retries`` times, then counts it as failed.
 
+Annotations (``tracer.annotate``) are sent as one more span of the trajectory's trace (same
+trace id, child of its root span, the span id derived from the trace id and the value names,
+so sending it again is the same span): OTLP is write-only, so the backend cannot read the
+stored trace. The span therefore carries the values and the aggregates of the values it holds
+(``tracer.tokens.summarize``: ``ref_kl_*``, ``entropy_mean``, ...), not those that need the
+rollout's log-probs (``mismatch_kl_*``: a reader derives them), is stamped with the time of
+the annotation, and every annotation counts as applied (nothing can be skipped).
+
 Spans are built as finished SDK ``ReadableSpan`` objects and handed straight to the SDK's
 ``OTLPSpanExporter``: no global ``TracerProvider`` is installed or touched.
 """
@@ -28,12 +36,13 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from tracer.annotations import AnnotationRecord, annotation_span
 from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import encode_otlp, to_readable_spans
 from tracer.config import OTLP_CONVENTIONS as CONVENTIONS
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
-from tracer.record import TrajectoryRecord
+from tracer.record import SpanRecord, TrajectoryRecord
 
 log = logging.getLogger("tracer")
 
@@ -67,8 +76,28 @@ def to_otel_spans(
     return to_readable_spans(record, conventions=conventions, encode=encode_otlp, resource=resource)
 
 
+def annotation_otel_spans(
+    ann: AnnotationRecord, config: TraceConfig, resource: Any = None
+) -> list[Any]:
+    """The OTel span an annotation becomes: a child of its trajectory's root span."""
+    at = ann.created_ns
+    root = SpanRecord(span_id=ann.root_span_id, parent_id=None, name="trajectory",
+                      kind="trajectory", start_ns=at, end_ns=at)  # fmt: skip
+    span, _tags = annotation_span(ann, root.span_id, at, None)
+    holder = TrajectoryRecord(
+        trace_id=ann.trace_id, name="annotation", project_name=config.project_name,
+        experiment_name=config.experiment_name, step=ann.step, sample_index=ann.sample_index,
+        rollout_n=ann.rollout_n, validate=ann.validate, worker_id=config.worker_id,
+        start_ns=at, end_ns=at, spans=[root, span],
+    )  # fmt: skip
+    # the root (first) is only the parent's identity: the stored root stays as it is
+    return to_readable_spans(holder, conventions=CONVENTIONS, encode=encode_otlp,
+                             resource=resource)[1:]  # fmt: skip
+
+
 class OtlpExporter(Exporter):
     name = "otlp"
+    supports_annotations = True
 
     def __init__(self, config: TraceConfig, span_exporter: Any = None) -> None:
         """``span_exporter``: any OTel SDK ``SpanExporter`` (default: OTLP/HTTP). Tests pass an
@@ -129,6 +158,18 @@ class OtlpExporter(Exporter):
             while len(self._exported) > MAX_REMEMBERED:  # replays only concern recent traces
                 self._exported.popitem(last=False)
         return ExportResult.SUCCESS
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        """Send each annotation as a span of its trace; a failed POST raises (the annotator
+        retries, then counts the batch as failed)."""
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        spans = [s for ann in batch for s in annotation_otel_spans(ann, self.config,
+                                                                    self.resource)]  # fmt: skip
+        if spans and self.span_exporter.export(spans) is not SpanExportResult.SUCCESS:
+            raise ConnectionError(f"OTLP export of {len(spans)} annotation spans to "
+                                  f"{self.endpoint} failed")  # fmt: skip
+        return [True] * len(batch)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         return bool(self.span_exporter.force_flush(int(timeout_s * 1000)))

@@ -34,6 +34,13 @@ checked at start; trackio is pinned, 0.43.0):
 - a Space or server: its sender thread posts the queue in the background and keeps what the
   server refused in a local buffer that it sends later. Stored means its queue, its batch in
   flight and that buffer are all empty; ``force_flush`` waits for that, at most its timeout.
+
+Annotations (``tracer.annotate``) are logged as one more ``Trace`` at the trajectory's step,
+key ``rollout_trace/annotation``, metadata ``op``/``kind`` ``annotation``, the trajectory's
+``trace_id`` and identity, the annotation's ``span_id``, its encoded ``values`` and the
+aggregates of the values it holds. trackio is append-only and cannot be searched by trace id
+from here, so every annotation counts as applied; annotating again appends a row with the
+same ``span_id`` (the latest wins).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tracer.annotations import AnnotationRecord, annotation_span
 from tracer.backends.base import Exporter, ExportResult
 from tracer.config import TraceConfig
 from tracer.record import STYLE_KEY, SpanRecord, TrajectoryRecord
@@ -131,7 +139,13 @@ def _step(record: TrajectoryRecord) -> int | None:
         return None
 
 
-def _own_run(config: TraceConfig) -> Any:
+def trackio_version() -> str:
+    import trackio
+
+    return str(getattr(trackio, "__version__", "?"))
+
+
+def _own_run(config: TraceConfig, resume: str = "never") -> Any:
     """A new run, started in a copy of the caller's context: the caller's current trackio run
     (another project's, say the training metrics') is neither finished by ``trackio.init``
     nor replaced as the current run."""
@@ -146,6 +160,7 @@ def _own_run(config: TraceConfig) -> Any:
             project=config.project_name,
             name=config.experiment_name,
             config={"framework": "verl"},
+            resume=resume,
         )
 
     return contextvars.copy_context().run(start)
@@ -162,24 +177,41 @@ class TrackioExporter(Exporter):
         self._trace = trackio.Trace
         current: Any = context_vars.current_run.get()
         self._owns_run = current is None or current.project != config.project_name
-        self.run: Any = _own_run(config) if self._owns_run else current
-        self.destination = f"trackio:{self.run.project}/{self.run.name}"  # names the spool
-        missing = [m for m in _RUN_MEMBERS if not hasattr(self.run, m)]
-        if missing:
-            if self._owns_run:
-                self.run.finish()
-            raise RuntimeError(
-                f"the trackio backend cannot tell when trackio {trackio.__version__} has "
-                f"stored a batch (its Run lacks {', '.join(missing)}); it was tested with "
-                "trackio 0.43.0: pip install trackio==0.43.0"
-            )
+        # the annotator's exporter (annotations only) resumes the traces' run on first use
+        # instead of starting a second run of the same name (see annotate)
+        self._run: Any = None
+        run_name = config.experiment_name if self._owns_run else current.name
+        self.destination = f"trackio:{config.project_name}/{run_name}"  # names the spool
         self._lock = threading.Lock()
         # trace ids trackio has stored, and those logged but not known to be stored yet (with
         # the number of rows each added)
         self._logged: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._unconfirmed: dict[str, int] = {}
-        self._rows_before = self._stored_rows() if self.run._is_local else 0
+        self._rows_before = 0  # the run's rows before our first batch (a local store)
         self._rows_confirmed = 0
+        if not self._owns_run:
+            self._adopt(current)
+
+    def _adopt(self, run: Any) -> None:
+        """Use ``run`` from now on, once it has every member ``force_flush`` reads."""
+        missing = [m for m in _RUN_MEMBERS if not hasattr(run, m)]
+        if missing:
+            if self._owns_run:
+                run.finish()
+            raise RuntimeError(
+                f"the trackio backend cannot tell when trackio {trackio_version()} has "
+                f"stored a batch (its Run lacks {', '.join(missing)}); it was tested with "
+                "trackio 0.43.0: pip install trackio==0.43.0"
+            )
+        self._run = run
+        self._rows_before = self._stored_rows() if run._is_local else 0
+
+    @property
+    def run(self) -> Any:
+        """The run traces go to, started on first use (``export``)."""
+        if self._run is None:
+            self._adopt(_own_run(self.config))
+        return self._run
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
@@ -203,12 +235,38 @@ class TrackioExporter(Exporter):
         stored = self.force_flush(self.config.export_timeout_s)
         return ExportResult.SUCCESS if stored else ExportResult.FAILURE
 
+    supports_annotations = True
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        if self._run is None:  # the traces' run, written by this process's export exporter
+            self._adopt(_own_run(self.config, resume="allow"))
+        for ann in batch:
+            span, _tags = annotation_span(ann, ann.root_span_id, ann.created_ns, None)
+            metadata = {
+                "op": "annotation", "backend": "trackio", "kind": "annotation",
+                "experiment_name": self.config.experiment_name, "trace_id": ann.trace_id,
+                "span_id": span.span_id, "step": ann.step, "sample_index": ann.sample_index,
+                "rollout_n": ann.rollout_n, "validate": ann.validate,
+                "values": dict(ann.values), "summary": span.outputs,
+            }  # fmt: skip
+            messages = [
+                {"role": "system", "content": "rollout-tracer annotation (tracer.annotate)"},
+                {"role": "assistant", "content": _content(span.outputs)},
+            ]
+            step = None if ann.step is None else int(ann.step)
+            trace = self._trace(messages=messages, metadata=metadata)
+            self.run.log({trace_key("annotation"): trace}, step=step)
+        self.force_flush()
+        return [True] * len(batch)
+
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         """True once trackio has stored everything logged so far (see the module docstring);
         False when it has not within ``timeout_s`` (a remote run) or lost rows (local)."""
+        if self._run is None:
+            return True  # no run started: nothing was logged
         with self._lock:
             pending = dict(self._unconfirmed)
-        run = self.run
+        run = self._run
         if run._is_local:
             with run._client_lock:
                 run._flush_queues_inline()
@@ -250,6 +308,8 @@ class TrackioExporter(Exporter):
         return int(SQLiteStorage.get_log_count(self.run.project, run_id=self.run.id))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
+        if self._run is None:
+            return
         if self._owns_run:
             self.run.finish()
         else:

@@ -33,6 +33,13 @@ client is installed for the duration of an export call only, and removed afterwa
 still there (:func:`_weave_gate`). During that window a ``weave.op`` the user runs in another
 thread without having called ``weave.init`` is recorded in the exporter's project.
 
+Annotations (``tracer.annotate``) become Weave *feedback* on the trajectory's root call
+(feedback type ``rollout_tracer.annotation``; payload: the annotation span's id, the encoded
+values and the aggregates of the values it holds), created through the trace server's
+``feedback_create`` with an id derived from the annotation's span id, so annotating again
+writes the same feedback row. A trajectory whose root call is not in the project (not sampled)
+is skipped after one lookup. Users read it with weave's own API (``call.feedback``).
+
 Uses ``WeaveClient`` directly (``_call_id_override`` is private): weave is pinned (0.54.0).
 """
 
@@ -48,6 +55,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tracer import weave_access
+from tracer.annotations import AnnotationRecord, annotation_span
 from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.otel_spans import root_inputs, root_outputs
 from tracer.config import TraceConfig
@@ -56,6 +64,7 @@ from tracer.record import SpanRecord, TrajectoryRecord
 log = logging.getLogger("tracer")
 
 MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-sending a replayed batch
+FEEDBACK_TYPE = "rollout_tracer.annotation"  # the feedback an annotation becomes
 
 # config -> an object implementing weave's TraceServerClientInterface (tests: in-process)
 def call_id(record: TrajectoryRecord, span: SpanRecord) -> str:
@@ -263,6 +272,34 @@ class WeaveExporter(Exporter):
             attrs.setdefault(str(key), value)
         attrs.pop("weave", None)  # reserved by Weave for its own metadata
         return attrs
+
+    supports_annotations = True
+
+    def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
+        """Each annotation as feedback on its trajectory's root call (see the module doc)."""
+        from weave.trace.feedback import feedback_create_params
+
+        self.client.flush()  # the root calls this exporter sent are on the server first
+        project_id = f"{self.client.entity}/{self.client.project}"
+        found = []
+        for ann in batch:
+            root = str(uuid.UUID(hex=ann.trace_id))
+            query = {"project_id": project_id, "filter": {"call_ids": [root]}, "limit": 1,
+                     "columns": ["id"]}  # fmt: skip
+            if not list(self.client.server.calls_query_stream(query)):
+                found.append(False)
+                continue
+            span, _tags = annotation_span(ann, ann.root_span_id, ann.created_ns, None)
+            params = feedback_create_params(
+                project_id=project_id, weave_ref=f"weave:///{project_id}/call/{root}",
+                feedback_type=FEEDBACK_TYPE,
+                payload={"span_id": span.span_id, "values": dict(ann.values),
+                         "summary": span.outputs},
+            )  # fmt: skip
+            params["id"] = str(uuid.UUID(hex=ann.trace_id[:16] + span.span_id))  # idempotent
+            self.client.server.feedback_create(params)
+            found.append(True)
+        return found
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         self.client.flush()
