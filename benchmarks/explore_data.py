@@ -35,6 +35,7 @@ TURNS = 3  # generate calls per trajectory; a tool call follows each
 SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po", "da", "fu", "gri", "bel")
 TOOLS = ("calculator", "search", "python")
 WORKERS = 8
+DATASET_SEED = 20260101
 
 
 @dataclass
@@ -80,8 +81,11 @@ class Generator:
     def __init__(self, shape: Shape, seed: int = 0) -> None:
         self.shape = shape
         self.rng = np.random.default_rng(seed)
-        words = _vocabulary(self.rng)
-        self.sentences = np.array(_sentences(self.rng, words), dtype=object)
+        # the dataset (words, sentences, questions) is the same whatever the seed, so runs made
+        # with different seeds share their prompts, as a run and its baseline do
+        dataset = np.random.default_rng(DATASET_SEED)
+        words = _vocabulary(dataset)
+        self.sentences = np.array(_sentences(dataset, words), dtype=object)
         self.token_vocab = pa.array(words[:512])
         n_prompts = shape.prompts or max(50, shape.n // 40)
         self.questions = [

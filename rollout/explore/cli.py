@@ -129,7 +129,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if exported and args.refresh > 0:
         threading.Thread(target=_refresh_loop, args=(args, explorer, runs[0], cache),
                          daemon=True).start()  # fmt: skip
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), server.server_address[1]
     print(f"explore {', '.join(r.name for r in runs)}: http://{host}:{port}/ "
           f"(ready in {time.perf_counter() - t0:.1f} s; Ctrl-C stops)", flush=True)
     try:

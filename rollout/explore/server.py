@@ -79,7 +79,7 @@ class Explorer:
         return {"runs": runs}
 
     def _list(self, q: dict[str, list[str]]) -> Any:
-        return self.store.list(q, _one(q, "run"), parse_int(q, "page", 0, 0, MAX_PAGE),
+        return self.store.list_page(q, _one(q, "run"), parse_int(q, "page", 0, 0, MAX_PAGE),
                                parse_int(q, "size", 50, 1, MAX_PAGE_SIZE), _one(q, "sort"),
                                _one(q, "cols"), _one(q, "hist") != "false")  # fmt: skip
 

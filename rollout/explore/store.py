@@ -115,7 +115,7 @@ class Store:
         return int(self._cached(("count", run), lambda: self._rows(
             f"SELECT count(*) n FROM {t}")[0]["n"]))  # fmt: skip
 
-    def list(self, query: dict[str, list[str]], run: str | None, page: int, size: int,
+    def list_page(self, query: dict[str, list[str]], run: str | None, page: int, size: int,
              sort: str | None, columns: str | None,
              hist: bool = True) -> dict[str, Any]:  # fmt: skip
         t = self.table(run, "trajectories")
@@ -165,7 +165,7 @@ class Store:
                            f"WHERE {cond} ORDER BY turn_index", params)  # fmt: skip
         calls = self._rows(f"SELECT * FROM {self.table(run, 'tool_calls')} WHERE {cond} "
                            "ORDER BY call_index", params)  # fmt: skip
-        out = {"trajectory": row, "turns": turns, "tool_calls": calls, "tokens": {},
+        out: dict[str, Any] = {"trajectory": row, "turns": turns, "tool_calls": calls, "tokens": {},
                "token_fields": list(TOKEN_FIELDS), "scales": {}}  # fmt: skip
         r = self.runs[run or next(iter(self.runs))]
         if "tokens" in r.tables:
@@ -262,7 +262,8 @@ class Store:
     def compare(self, step: int, text: str) -> dict[str, Any]:
         """The same prompt at the same step in every run: rewards and the responses' diff
         against the first run's first rollout."""
-        out, base = [], None
+        out: list[dict[str, Any]] = []
+        base = None
         for name in self.runs:
             t = self.table(name, "trajectories")
             rows = self._rows(f"SELECT trace_id, rollout_n, reward, response_text FROM {t} "
