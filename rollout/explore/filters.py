@@ -186,8 +186,9 @@ def parse_columns(raw: str | None, default: list[str]) -> list[str]:
 
 
 def parse_int(query: dict[str, list[str]], name: str, default: int, lo: int, hi: int) -> int:
-    raw = (query.get(name) or [None])[-1]
-    if raw is None or raw == "":
+    values = query.get(name)
+    raw = values[-1] if values else ""
+    if raw == "":
         return default
     try:
         value = int(raw)
