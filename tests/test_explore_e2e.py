@@ -60,6 +60,7 @@ def test_run_into_mlflow_then_explore(tmp_path: Path, mlflow_uri: str) -> None:
                                  "--experiment", PROJECT, "--port", "0", "--no-progress",
                                  "--cache-dir", str(tmp_path / "cache")], env)  # fmt: skip
     try:
+        assert host.startswith("127.0.0.1:")  # local only unless --host says otherwise
         base = f"http://{host}/"
         status, body = get(base, "api/list", size=500, cols="step,reward,prompt")
         assert status == 200, body
