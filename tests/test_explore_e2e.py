@@ -85,3 +85,33 @@ def test_run_into_mlflow_then_explore(tmp_path: Path, mlflow_uri: str) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the command returns
         assert proc.wait(timeout=30) == 0
+
+
+def test_refresh_picks_up_new_trajectories(tmp_path: Path) -> None:
+    """``--from jsonl --refresh 1``: trajectories written while the explorer runs show up."""
+    import tracer
+    from tests.test_export import _records
+    from tracer.backends.jsonl_backend import JsonlExporter
+
+    path = tmp_path / "t.jsonl"
+    writer = JsonlExporter(tracer.TraceConfig(backend="jsonl", jsonl_path=str(path)))
+    records = _records(60)
+    writer.export(records[:40])
+    proc, host = _start_explore(["--from", "jsonl", "--path", str(path), "--port", "0",
+                                 "--no-progress", "--no-search", "--refresh", "1",
+                                 "--cache-dir", str(tmp_path / "cache")],
+                                dict(os.environ))  # fmt: skip
+    try:
+        base = f"http://{host}/"
+        assert get(base, "api/list", size=1)[1]["total"] == 40
+        writer.export(records[40:])
+        for _ in range(240):
+            total = get(base, "api/list", size=1)[1]["total"]
+            if total == 60:
+                break
+            time.sleep(0.5)
+        assert total == 60
+        assert get(base, "api/trajectory", id=records[59].trace_id)[0] == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
