@@ -252,6 +252,8 @@ def main() -> None:
     p.add_argument("--tokens-per-turn", type=int, default=8)
     p.add_argument("--mlflow-n", type=int, default=100_000, help="0: skip the MLflow part")
     p.add_argument("--skip", default="", help="comma list of parts to skip: explorer,search")
+    p.add_argument("--output", default=None, help="also write the table to this Markdown file "
+                   "(benchmarks/RESULTS-explore.md is kept in RESULTS.md by benchmarks.run)")
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="explore-bench-")
     data = args.data or os.path.join(tmp, "data")
@@ -276,6 +278,8 @@ def main() -> None:
     if args.mlflow_n:
         bench_mlflow(args.mlflow_n, tmp, lines)
     print("\n".join(lines))
+    if args.output:
+        Path(args.output).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

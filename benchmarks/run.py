@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results)
     if "export" in names:
         text += _export_section(a.quick)
+    kept = ROOT / "benchmarks" / "RESULTS-explore.md"
+    if kept.exists():  # `python -m benchmarks.explore` (minutes to hours): kept, not rerun
+        text += "\n" + kept.read_text()
     out.write_text(text)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))

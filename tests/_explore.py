@@ -23,12 +23,14 @@ def make_export(folder: Path, n: int, seed: int = 0, tokens_per_turn: int = 4) -
 
 
 @contextmanager
-def serving(runs: list[tuple[str, Path]], cache: Path, search: bool = True) -> Iterator[str]:
-    """Serve the export folders on 127.0.0.1 (a free port); yields the base URL."""
+def serving(runs: list[tuple[str, Path]], cache: Path, search: int = 1) -> Iterator[str]:
+    """Serve the export folders on 127.0.0.1 (a free port), the first ``search`` of them with
+    a search index; yields the base URL."""
     store = Store([Run(name, str(path), set()) for name, path in runs])
     explorer = Explorer(store)
     if search:
-        explorer.indexes = {name: SearchIndex(str(path), str(cache)) for name, path in runs}
+        explorer.indexes = {name: SearchIndex(str(path), str(cache))
+                            for name, path in runs[:search]}  # fmt: skip
         explorer.build_indexes()
     server = make_server(explorer, "127.0.0.1", 0)
     serve_in_thread(server)

@@ -73,8 +73,10 @@ class Explorer:
         runs = self.store.run_list()
         for r in runs:
             idx = self.indexes.get(r["name"])
-            r["search"] = ("error: " + self.index_errors[r["name"]]) if r["name"] in \
-                self.index_errors else ("ready" if idx and idx.ready() else "building")  # fmt: skip
+            if r["name"] in self.index_errors:
+                r["search"] = "error: " + self.index_errors[r["name"]]
+            else:
+                r["search"] = "off" if idx is None else "ready" if idx.ready() else "building"
             r["index"] = idx.info if idx and idx.ready() else None
         return {"runs": runs}
 
