@@ -8,7 +8,9 @@
     GET /api/search?q=timeout&in=result&step=3&page=0&size=20
                                        hits in prompts, responses, tool arguments and results,
                                        with the highlighted fragment
-    GET /api/trajectory?id=<trace_id>  one trajectory: row, turns, tool calls, per-token values
+    GET /api/trajectory?id=<trace_id>&step=3
+                                       one trajectory: row, turns, tool calls, per-token values
+                                       (step is optional: it makes the lookup read one step)
     GET /api/groups?step=3&validate=false&zero=true&page=0&size=20
                                        a step's GRPO groups, rewards and advantages
     GET /api/prompt?id=<trace_id> | ?prompt=<text>
@@ -98,7 +100,8 @@ class Explorer:
                             parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
 
     def _trajectory(self, q: dict[str, list[str]]) -> Any:
-        return self.store.trajectory(_one(q, "run"), _required(q, "id"))
+        step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
+        return self.store.trajectory(_one(q, "run"), _required(q, "id"), step)
 
     def _groups(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62)
@@ -110,7 +113,8 @@ class Explorer:
                                  _flag(q, "zero", False))  # fmt: skip
 
     def _prompt(self, q: dict[str, list[str]]) -> Any:
-        return self.store.prompt(_one(q, "run"), _one(q, "id"), _one(q, "prompt"))
+        step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
+        return self.store.prompt(_one(q, "run"), _one(q, "id"), _one(q, "prompt"), step)
 
     def _steps(self, q: dict[str, list[str]]) -> Any:
         return {"steps": self.store.steps(_one(q, "run"))}
@@ -154,9 +158,9 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/runs": (Explorer._runs, set()),
     "/api/list": (Explorer._list, _LIST),
     "/api/search": (Explorer._search, {"q", "in", "step", "page", "size"}),
-    "/api/trajectory": (Explorer._trajectory, {"id"}),
+    "/api/trajectory": (Explorer._trajectory, {"id", "step"}),
     "/api/groups": (Explorer._groups, {"step", "validate", "zero", "page", "size"}),
-    "/api/prompt": (Explorer._prompt, {"id", "prompt"}),
+    "/api/prompt": (Explorer._prompt, {"id", "prompt", "step"}),
     "/api/steps": (Explorer._steps, set()),
     "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),
 }

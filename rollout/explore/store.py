@@ -123,8 +123,11 @@ class Store:
         cols = parse_columns(columns, LIST_COLUMNS)
         order = parse_sort(sort)
         select = ", ".join(f'"{c}"' for c in cols)
-        rows = self._rows(f"SELECT {select} FROM {t} WHERE {where.sql} ORDER BY {order} "
+        # late materialization: the sort reads only the filter and sort columns; the page's
+        # other columns are read for its rows alone, in the row groups of their steps
+        keys = self._rows(f"SELECT trace_id, step FROM {t} WHERE {where.sql} ORDER BY {order} "
                           "LIMIT ? OFFSET ?", [*where.params, size, page * size])  # fmt: skip
+        rows = self._by_ids(t, select, keys)
         out: dict[str, Any] = {"page": page, "size": size, "columns": cols, "rows": rows}
         stats = self._rows(f"SELECT count(*) n, min(reward) lo, max(reward) hi, avg(reward) "
                            f"mean FROM {t} WHERE {where.sql}", where.params)[0]  # fmt: skip
@@ -133,6 +136,21 @@ class Store:
         if hist:
             out["histogram"] = self._histogram(t, where, stats["lo"], stats["hi"])
         return out
+
+    def _by_ids(self, t: str, select: str, keys: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not keys:
+            return []
+        steps = sorted({k["step"] for k in keys if k["step"] is not None})
+        cond = []
+        if steps:
+            cond.append(f"step IN ({', '.join('?' * len(steps))})")
+        if any(k["step"] is None for k in keys):
+            cond.append("step IS NULL")
+        ids = [k["trace_id"] for k in keys]
+        found = self._rows(f"SELECT {select} FROM {t} WHERE ({' OR '.join(cond)}) AND trace_id "
+                           f"IN ({', '.join('?' * len(ids))})", [*steps, *ids])  # fmt: skip
+        by_id = {r["trace_id"]: r for r in found}
+        return [by_id[i] for i in ids if i in by_id]
 
     def _histogram(self, t: str, where: Where, lo: Any, hi: Any) -> list[dict[str, Any]]:
         if lo is None:
@@ -146,18 +164,25 @@ class Store:
         return [{"lo": lo + i * width, "hi": lo + (i + 1) * width if hi > lo else hi,
                  "count": counts.get(i, 0)} for i in range(bins)]  # fmt: skip
 
-    def locate(self, run: str | None, trace_id: str) -> dict[str, Any]:
+    def locate(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
+        """The trajectory's row; ``step`` (when the caller knows it) limits the read to that
+        step's row groups, instead of every trace id of the table."""
         t = self.table(run, "trajectories")
         if not re.fullmatch(r"[0-9a-fA-F-]{1,64}", trace_id or ""):
             raise ApiError(f"id: {trace_id[:80]!r} is not a trace id (hex)")
-        rows = self._rows(f"SELECT * FROM {t} WHERE trace_id = ?", [trace_id])
+        rows = []
+        if step is not None:
+            rows = self._rows(f"SELECT * FROM {t} WHERE step = ? AND trace_id = ?",
+                              [step, trace_id])  # fmt: skip
+        if not rows:  # no step given, or a wrong one
+            rows = self._rows(f"SELECT * FROM {t} WHERE trace_id = ?", [trace_id])
         if not rows:
             raise ApiError(f"no trajectory {trace_id!r} in run {run or next(iter(self.runs))}",
                            404)  # fmt: skip
         return rows[0]
 
-    def trajectory(self, run: str | None, trace_id: str) -> dict[str, Any]:
-        row = self.locate(run, trace_id)
+    def trajectory(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
+        row = self.locate(run, trace_id, step)
         step = row["step"]
         cond, params = ("step = ? AND trace_id = ?", [step, trace_id]) if step is not None \
             else ("step IS NULL AND trace_id = ?", [trace_id])  # fmt: skip
@@ -223,11 +248,12 @@ class Store:
                 "total": int(total["n"]), "zero_variance": int(total["z"]),
                 "groups": rows}  # fmt: skip
 
-    def prompt(self, run: str | None, trace_id: str | None, text: str | None) -> dict[str, Any]:
+    def prompt(self, run: str | None, trace_id: str | None, text: str | None,
+               step: int | None = None) -> dict[str, Any]:  # fmt: skip
         """Every rollout of one prompt (the one of ``trace_id``, or ``text``), by step, with the
         word diff of each step's first response against the previous step's."""
         if trace_id:
-            text = self.locate(run, trace_id)["prompt"]
+            text = self.locate(run, trace_id, step)["prompt"]
         if not text:
             raise ApiError("prompt: give id=<trace id> or prompt=<text>")
         t = self.table(run, "trajectories")
