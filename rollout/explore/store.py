@@ -55,6 +55,7 @@ class Store:
         self._db = duckdb.connect(":memory:", config={"threads": threads})
         self._lock = threading.Lock()
         self._cache: dict[tuple[Any, ...], Any] = {}
+        self._files: dict[str, tuple[Any, list[int]]] = {}
         self._view = {run.name: f"r{i}" for i, run in enumerate(runs)}
         for run in runs:
             self._attach(run)
@@ -65,11 +66,15 @@ class Store:
             file = os.path.join(run.path, f"{table}.parquet")
             if os.path.exists(file):
                 tables.add(table)
+                rownum = ", file_row_number = true" if table == "trajectories" else ""
                 self._db.execute(f"CREATE OR REPLACE VIEW {self._view[run.name]}_{table} AS "
-                                 f"SELECT * FROM read_parquet({_quote(file)})")  # fmt: skip
+                                 f"SELECT * FROM read_parquet({_quote(file)}{rownum})")  # fmt: skip
             elif table != "tokens":
                 raise FileNotFoundError(f"{file} is missing: is {run.path} an export folder?")
         run.tables = tables
+        with self._lock:
+            self._files.pop(run.name, None)
+            self._cache.clear()
 
     def repoint(self, name: str, path: str) -> None:
         """Serve run ``name`` from the export folder ``path`` from now on (a refresh)."""
@@ -122,12 +127,12 @@ class Store:
         where = parse_filters(query)
         cols = parse_columns(columns, LIST_COLUMNS)
         order = parse_sort(sort)
-        select = ", ".join(f'"{c}"' for c in cols)
         # late materialization: the sort reads only the filter and sort columns; the page's
-        # other columns are read for its rows alone, in the row groups of their steps
-        keys = self._rows(f"SELECT trace_id, step FROM {t} WHERE {where.sql} ORDER BY {order} "
-                          "LIMIT ? OFFSET ?", [*where.params, size, page * size])  # fmt: skip
-        rows = self._by_ids(t, select, keys)
+        # other columns are read for its rows alone, from their row groups, with pyarrow
+        keys = self._rows(f"SELECT file_row_number AS rn FROM {t} WHERE {where.sql} ORDER "
+                          f"BY {order} LIMIT ? OFFSET ?",
+                          [*where.params, size, page * size])  # fmt: skip
+        rows = self._by_row_numbers(run, cols, [int(k["rn"]) for k in keys])
         out: dict[str, Any] = {"page": page, "size": size, "columns": cols, "rows": rows}
         stats = self._rows(f"SELECT count(*) n, min(reward) lo, max(reward) hi, avg(reward) "
                            f"mean FROM {t} WHERE {where.sql}", where.params)[0]  # fmt: skip
@@ -137,20 +142,38 @@ class Store:
             out["histogram"] = self._histogram(t, where, stats["lo"], stats["hi"])
         return out
 
-    def _by_ids(self, t: str, select: str, keys: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not keys:
+    def _by_row_numbers(self, run: str | None, cols: list[str], numbers: list[int]) -> Any:
+        """The rows at these positions of the trajectories file, read with pyarrow from their
+        row groups only (one page touches at most ``size`` row groups)."""
+        import bisect
+
+        import pyarrow as pa
+
+        if not numbers:
             return []
-        steps = sorted({k["step"] for k in keys if k["step"] is not None})
-        cond = []
-        if steps:
-            cond.append(f"step IN ({', '.join('?' * len(steps))})")
-        if any(k["step"] is None for k in keys):
-            cond.append("step IS NULL")
-        ids = [k["trace_id"] for k in keys]
-        found = self._rows(f"SELECT {select} FROM {t} WHERE ({' OR '.join(cond)}) AND trace_id "
-                           f"IN ({', '.join('?' * len(ids))})", [*steps, *ids])  # fmt: skip
-        by_id = {r["trace_id"]: r for r in found}
-        return [by_id[i] for i in ids if i in by_id]
+        f, starts = self._file(run or next(iter(self.runs)))
+        groups = sorted({bisect.bisect_right(starts, n) - 1 for n in numbers})
+        table = f.read_row_groups(groups, columns=cols)
+        offset, at = 0, {}
+        for g in groups:
+            at[g] = offset
+            offset += f.metadata.row_group(g).num_rows
+        take = [at[g] + n - starts[g] for n in numbers
+                for g in [bisect.bisect_right(starts, n) - 1]]  # fmt: skip
+        return table.take(pa.array(take)).to_pylist()
+
+    def _file(self, run: str) -> tuple[Any, list[int]]:
+        import pyarrow.parquet as pq
+
+        with self._lock:
+            if run not in self._files:
+                f = pq.ParquetFile(os.path.join(self.runs[run].path, "trajectories.parquet"))
+                starts, n = [], 0
+                for i in range(f.metadata.num_row_groups):
+                    starts.append(n)
+                    n += f.metadata.row_group(i).num_rows
+                self._files[run] = (f, starts)
+            return self._files[run]
 
     def _histogram(self, t: str, where: Where, lo: Any, hi: Any) -> list[dict[str, Any]]:
         if lo is None:
@@ -172,10 +195,11 @@ class Store:
             raise ApiError(f"id: {trace_id[:80]!r} is not a trace id (hex)")
         rows = []
         if step is not None:
-            rows = self._rows(f"SELECT * FROM {t} WHERE step = ? AND trace_id = ?",
-                              [step, trace_id])  # fmt: skip
+            rows = self._rows(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE step = ? "
+                              "AND trace_id = ?", [step, trace_id])  # fmt: skip
         if not rows:  # no step given, or a wrong one
-            rows = self._rows(f"SELECT * FROM {t} WHERE trace_id = ?", [trace_id])
+            rows = self._rows(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE trace_id = ?",
+                              [trace_id])  # fmt: skip
         if not rows:
             raise ApiError(f"no trajectory {trace_id!r} in run {run or next(iter(self.runs))}",
                            404)  # fmt: skip
@@ -209,20 +233,30 @@ class Store:
                                  f"?selectedEvaluationId=tr-{trace_id}")  # fmt: skip
         return out
 
-    def scales(self, run: str | None, step: Any) -> dict[str, float]:
-        """Per metric, the value drawn darkest: the 99th percentile of ``sign * value`` over the
-        step's model tokens (the report takes it over all tokens; a step keeps this cheap)."""
-        t = self.table(run, "tokens")
+    def scales(self, run: str | None, step: Any = None) -> dict[str, float]:
+        """Per metric, the value drawn darkest: the 99th percentile of ``sign * value`` over
+        model tokens, as in the report, estimated once per run from up to 16 row groups spread
+        over the tokens file (the whole table can hold billions of values)."""
+        name = run or next(iter(self.runs))
 
         def make() -> dict[str, float]:
-            exprs = ", ".join(f"quantile_cont({SIGN.get(m, 1.0)} * {m}, 0.99) AS {m}"
-                              for m in TRANSCRIPT_METRICS)  # fmt: skip
-            cond = "step = ?" if step is not None else "step IS NULL"
-            row = self._rows(f"SELECT {exprs} FROM {t} WHERE {cond} AND loss_mask = 1",
-                             [step] if step is not None else [])[0]  # fmt: skip
-            return {m: (v if v and v > 0 else 1.0) for m, v in row.items() if v is not None}
+            import pyarrow.compute as pc
+            import pyarrow.parquet as pq
 
-        return dict(self._cached(("scales", run, step), make))
+            f = pq.ParquetFile(os.path.join(self.runs[name].path, "tokens.parquet"))
+            n = f.metadata.num_row_groups
+            picks = sorted({i * n // 16 for i in range(16)}) if n else []
+            table = f.read_row_groups(picks, columns=["loss_mask", *TRANSCRIPT_METRICS])
+            table = table.filter(pc.equal(table["loss_mask"], 1))
+            out = {}
+            for m in TRANSCRIPT_METRICS:
+                col = pc.drop_null(pc.multiply(table[m], SIGN.get(m, 1.0)))
+                if len(col):
+                    v = pc.quantile(col, q=0.99)[0].as_py()
+                    out[m] = v if v and v > 0 else 1.0
+            return out
+
+        return dict(self._cached(("scales", name), make))
 
     def groups(self, run: str | None, step: int, validate: bool, page: int, size: int,
                zero_only: bool) -> dict[str, Any]:  # fmt: skip
