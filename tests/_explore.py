@@ -31,7 +31,7 @@ def serving(runs: list[tuple[str, Path]], cache: Path, search: int = 1) -> Itera
     if search:
         explorer.indexes = {name: SearchIndex(str(path), str(cache))
                             for name, path in runs[:search]}  # fmt: skip
-        explorer.build_indexes()
+        explorer.build_indexes(cache_dir=str(cache))
     server = make_server(explorer, "127.0.0.1", 0)
     serve_in_thread(server)
     try:

@@ -37,6 +37,7 @@ def test_runs(served: dict[str, Any]) -> None:
     assert status == 200
     assert [(r["name"], r["trajectories"], r["search"]) for r in body["runs"]] == [
         ("run-a", N, "ready"), ("run-b", N, "off")]  # fmt: skip
+    assert all(r["compacted"] for r in body["runs"])  # the tests read the compacted copies
 
 
 def test_list_filters_sorts_and_pages(served: dict[str, Any]) -> None:

@@ -125,7 +125,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     explorer = server.RequestHandlerClass.explorer  # type: ignore[attr-defined]
     if not args.no_search:
         explorer.indexes = {r.name: SearchIndex(r.path, cache) for r in runs}
-        threading.Thread(target=_build_indexes, args=(explorer,), daemon=True).start()
+    threading.Thread(target=_build_indexes, args=(explorer, cache), daemon=True).start()
     if exported and args.refresh > 0:
         threading.Thread(target=_refresh_loop, args=(args, explorer, runs[0], cache),
                          daemon=True).start()  # fmt: skip
@@ -141,9 +141,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_indexes(explorer: Any) -> None:
+def _build_indexes(explorer: Any, cache: str) -> None:
     t0 = time.perf_counter()
-    explorer.build_indexes()
+    explorer.build_indexes(cache_dir=cache)
     for name, index in explorer.indexes.items():
         if index.ready():
             info = index.info
@@ -163,6 +163,7 @@ def _refresh_loop(args: argparse.Namespace, explorer: Any, run: Any, cache: str)
             export_source(args, fresh)
             old = run.path
             explorer.store.repoint(run.name, fresh)
+            explorer.store.compact(run.name, cache)
             if run.name in explorer.indexes:
                 index = SearchIndex(fresh, cache)
                 index.open_or_build()

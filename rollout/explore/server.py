@@ -52,7 +52,15 @@ class Explorer:
         self.indexes = indexes or {}
         self.index_errors: dict[str, str] = {}
 
-    def build_indexes(self, progress: Any = None) -> None:
+    def build_indexes(self, progress: Any = None, cache_dir: str | None = None) -> None:
+        """Once per export, in the background: the compacted tables (``cache_dir``), then
+        the search indexes."""
+        if cache_dir:
+            for name in list(self.store.runs):
+                try:
+                    self.store.compact(name, cache_dir)
+                except Exception as exc:  # the original files keep serving
+                    log.warning("compacting run %s failed: %s", name, exc)
         for name, index in self.indexes.items():
             try:
                 index.open_or_build(progress)
