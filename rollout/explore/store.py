@@ -26,6 +26,7 @@ TOKEN_FIELDS = ("rollout_logprob", "train_logprob", "ref_logprob", "entropy", "m
 TRANSCRIPT_METRICS = ("rollout_logprob", "mismatch_kl", "ref_kl", "entropy")
 SIGN = {"rollout_logprob": -1.0}  # drawn as -log p, as in the report
 HIST_BINS = 20
+COMPACT_VERSION = 3
 MAX_PROMPT_ROWS = 400
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -93,18 +94,24 @@ class Store:
         from rollout.explore.search import signature
 
         run = self.runs[name]
-        out = os.path.join(cache_dir, "compact", signature(run.path))
+        out = os.path.join(cache_dir, "compact", signature(run.path) + f"-v{COMPACT_VERSION}")
         if not os.path.exists(os.path.join(out, "done")):
             tmp = out + ".building"
             os.makedirs(tmp, exist_ok=True)
             cur = self._db.cursor()
             try:
+                cur.execute(f"SET temp_directory = {_quote(tmp)}")  # a sort may spill
                 for table in sorted(run.tables):
                     src = os.path.join(run.path, f"{table}.parquet")
-                    cur.execute(f"COPY (SELECT * FROM read_parquet({_quote(src)})) TO "
+                    # trajectories keep their order (row numbers); the per-trajectory tables
+                    # are sorted by (step, trace_id) in small row groups, so one trajectory's
+                    # rows are found in one row group by its min/max statistics
+                    order = "" if table == "trajectories" else " ORDER BY step, trace_id"
+                    cur.execute(f"COPY (SELECT * FROM read_parquet({_quote(src)}){order}) TO "
                                 f"{_quote(os.path.join(tmp, table + '.parquet'))} (FORMAT "
-                                "parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)")  # fmt: skip
+                                "parquet, COMPRESSION zstd, ROW_GROUP_SIZE 16384)")  # fmt: skip
             finally:
+                cur.execute("RESET temp_directory")
                 cur.close()
             open(os.path.join(tmp, "done"), "w").close()
             if os.path.isdir(out):
