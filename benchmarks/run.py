@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         text += _otlp_attrs_section(a.quick)
     if "ingest" in names:
         text += _ingest_section(a.quick)
+    kept = ROOT / "benchmarks" / "RESULTS-explore.md"
+    if kept.exists():  # `python -m benchmarks.explore` (minutes to hours): kept, not rerun
+        text += "\n" + kept.read_text()
     out.write_text(text)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))

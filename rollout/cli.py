@@ -196,6 +196,17 @@ def _register_ui() -> None:
 _register_ui()
 
 
+def _register_explore() -> None:
+    """``explore`` (rollout/explore/): a local web app over the exported tables."""
+    from rollout.explore import cli as explore_cli
+
+    subcommand("explore", "browse, filter and search trajectories in a local web app",
+               explore_cli.configure_explore)(explore_cli.cmd_explore)  # fmt: skip
+
+
+_register_explore()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="rollout-tracer", description=DESCRIPTION,

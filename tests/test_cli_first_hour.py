@@ -373,7 +373,7 @@ def test_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
     defaults = {name: next((a.help for a in command._actions if "--experiment" in
                             a.option_strings), None) for name, command in sub.choices.items()}
     assert all("default" in h and "rollout-tracer" in h for h in defaults.values() if h)
-    assert {n for n, h in defaults.items() if h} == {"export", "report", "flags", "ui"}
+    assert {n for n, h in defaults.items() if h} == {"export", "report", "flags", "ui", "explore"}
 
 
 def test_flags_prints_mlflow_ids_meanings_and_validation(

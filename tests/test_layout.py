@@ -123,7 +123,8 @@ def test_config_and_the_trajectory_types_are_leaves() -> None:
     graph = import_graph("tracer")
     assert graph["tracer.config"] == set()
     assert graph["tracer.current"] == set()
-    assert graph["tracer.trajectory"] <= {"tracer.ids"}
+    assert graph["tracer.trajectory"] <= {"tracer.ids", "tracer.attempts"}
+    assert graph["tracer.attempts"] == set() and graph["tracer.ids"] == set()
 
 
 def test_the_cycle_check_can_fail() -> None:

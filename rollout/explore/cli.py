@@ -1,0 +1,176 @@
+"""``rollout-tracer explore``: a local, read-only web app over a run's exported tables.
+
+    rollout-tracer explore --from parquet --path exports/gsm8k
+    rollout-tracer explore --from mlflow --tracking-uri sqlite:///mlflow.db --experiment gsm8k
+    rollout-tracer explore --from parquet --path exports/run-a --compare exports/run-b
+
+An MLflow, JSONL or Weave source is first exported into a cache folder (with a progress bar);
+``--refresh S`` exports it again every S seconds while a run goes on and switches the views to
+the new tables when the export is complete (a whole re-export, simple and always consistent).
+The search index is built in the background on first use of an export and cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from rollout.export_cli import _add_source_args, _source_kwargs
+
+
+def configure_explore(p: argparse.ArgumentParser) -> None:
+    _add_source_args(p, parquet=True)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")  # fmt: skip
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
+    p.add_argument("--compare", action="append", default=[], metavar="[NAME=]DIR",
+                   help="another export folder to open side by side (repeatable)")  # fmt: skip
+    p.add_argument("--cache-dir", help="where exports of mlflow/jsonl sources and search "
+                   "indexes go (default: $XDG_CACHE_HOME or ~/.cache, /rollout-tracer/explore)")
+    p.add_argument("--no-search", action="store_true", help="no search index")
+    p.add_argument("--refresh", type=float, default=0.0, metavar="S",
+                   help="re-export an mlflow/jsonl/weave source every S seconds (0: never)")
+    p.add_argument("--mlflow-ui", default="http://127.0.0.1:5000", help="MLflow UI base URL "
+                   "for links to traces (what `rollout-tracer ui` serves)")  # fmt: skip
+
+
+def cache_dir(arg: str | None) -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return arg or os.path.join(base, "rollout-tracer", "explore")
+
+
+def _export_key(args: argparse.Namespace) -> str:
+    parts = [args.source, args.tracking_uri, args.path, args.experiment, args.entity,
+             args.step, args.steps, args.validate]  # fmt: skip
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def export_source(args: argparse.Namespace, out: str) -> Any:
+    """Export the source into ``out`` with a progress bar; returns the export's summary."""
+    from tqdm import tqdm
+
+    from tracer.readers import export
+
+    tmp = out + ".part"
+    bar = tqdm(desc=f"exporting {args.source}", unit="traj", disable=args.no_progress)
+    try:
+        summary = export(args.source, tmp, on_page=bar.update, **_source_kwargs(args))
+    finally:
+        bar.close()
+    if os.path.isdir(out):
+        old = out + f".old{time.time_ns()}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        import shutil
+
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return summary
+
+
+def _mlflow_link(args: argparse.Namespace) -> dict[str, str] | None:
+    if args.source != "mlflow" or not args.experiment:
+        return None
+    from rollout.ui import experiment_id, resolve_tracking_uri
+
+    exp = experiment_id(resolve_tracking_uri(args.tracking_uri), args.experiment)
+    return None if exp is None else {"ui": args.mlflow_ui, "experiment_id": exp}
+
+
+def _runs(args: argparse.Namespace, cache: str) -> tuple[list[Any], str | None]:
+    from rollout.explore.store import Run
+
+    runs = []
+    exported = None
+    if args.source == "parquet":
+        if not args.path:
+            raise ValueError("--from parquet needs --path: the export folder")
+        main = os.path.abspath(args.path)
+    else:
+        exported = main = os.path.join(cache, "exports", _export_key(args))
+        summary = export_source(args, main)
+        print(f"exported {summary.rows['trajectories']} trajectories to {main}")
+    runs.append(Run(os.path.basename(main.rstrip("/")) if args.source == "parquet"
+                    else (args.experiment or args.source), main, set(), _mlflow_link(args)))
+    for item in args.compare:
+        name, _, path = item.rpartition("=") if "=" in item else ("", "", item)
+        name = name or os.path.basename(os.path.abspath(path).rstrip("/"))
+        if name in {r.name for r in runs}:
+            name = f"{name}-{len(runs)}"
+        runs.append(Run(name, os.path.abspath(path), set()))
+    return runs, exported
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    """Serve the explorer until Ctrl-C."""
+    from rollout.explore.search import SearchIndex
+    from rollout.explore.server import Explorer, make_server
+    from rollout.explore.store import Store
+
+    t0 = time.perf_counter()
+    cache = cache_dir(args.cache_dir)
+    try:
+        runs, exported = _runs(args, cache)
+        store = Store(runs)
+        server = make_server(Explorer(store), args.host, args.port)
+    except (ValueError, NotImplementedError, FileNotFoundError, OSError) as exc:
+        print(f"rollout-tracer explore: error: {exc}", file=sys.stderr)
+        return 2
+    explorer = server.RequestHandlerClass.explorer  # type: ignore[attr-defined]
+    if not args.no_search:
+        explorer.indexes = {r.name: SearchIndex(r.path, cache) for r in runs}
+    threading.Thread(target=_build_indexes, args=(explorer, cache), daemon=True).start()
+    if exported and args.refresh > 0:
+        threading.Thread(target=_refresh_loop, args=(args, explorer, runs[0], cache),
+                         daemon=True).start()  # fmt: skip
+    host, port = str(server.server_address[0]), server.server_address[1]
+    print(f"explore {', '.join(r.name for r in runs)}: http://{host}:{port}/ "
+          f"(ready in {time.perf_counter() - t0:.1f} s; Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def _build_indexes(explorer: Any, cache: str) -> None:
+    t0 = time.perf_counter()
+    explorer.build_indexes(cache_dir=cache)
+    for name, index in explorer.indexes.items():
+        if index.ready():
+            info = index.info
+            print(f"search index of {name}: {info['docs']} documents, "
+                  f"{info['bytes'] / 1e6:.1f} MB (built in {info['build_s']} s; "
+                  f"ready after {time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
+
+
+def _refresh_loop(args: argparse.Namespace, explorer: Any, run: Any, cache: str) -> None:
+    from rollout.explore.search import SearchIndex
+
+    args.no_progress = True
+    while True:
+        time.sleep(args.refresh)
+        try:
+            fresh = run.path + f".v{time.time_ns()}"
+            export_source(args, fresh)
+            old = run.path
+            explorer.store.repoint(run.name, fresh)
+            explorer.store.compact(run.name, cache)
+            if run.name in explorer.indexes:
+                index = SearchIndex(fresh, cache)
+                index.open_or_build()
+                explorer.indexes[run.name] = index
+            if old != fresh and ".v" in os.path.basename(old):
+                import shutil
+
+                shutil.rmtree(old, ignore_errors=True)
+        except Exception as exc:  # a failed refresh keeps the last good tables
+            print(f"rollout-tracer explore: refresh failed: {exc}", file=sys.stderr, flush=True)

@@ -1,0 +1,238 @@
+"""The explorer's HTTP server: the page and a read-only JSON API (GET only).
+
+    GET /api/runs                      the runs (export folders) served, with counts
+    GET /api/list?step=3:7&reward=0:0.5&flag=truncated&sort=-reward&page=0&size=50&cols=...
+                                       a page of trajectories, the total count, the reward
+                                       histogram of the selection (filters: rollout/explore/
+                                       filters.py)
+    GET /api/search?q=timeout&in=result&step=3&page=0&size=20
+                                       hits in prompts, responses, tool arguments and results,
+                                       with the highlighted fragment
+    GET /api/trajectory?id=<trace_id>&step=3
+                                       one trajectory: row, turns, tool calls, per-token values
+                                       (step is optional: it makes the lookup read one step)
+    GET /api/groups?step=3&validate=false&zero=true&page=0&size=20
+                                       a step's GRPO groups, rewards and advantages
+    GET /api/prompt?id=<trace_id> | ?prompt=<text>
+                                       one prompt across steps, with the word diff between steps
+    GET /api/steps                     metrics per step
+    GET /api/compare?step=3&prompt=<text>  the same prompt at the same step in every run
+
+Every endpoint takes ``run=<name>`` (default: the first). Errors are JSON ``{"error": ...}``
+with status 400 (bad input), 404 (unknown run or id) or 503 (index still building); an
+unexpected failure is a 500 with its message, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import orjson
+
+from rollout.explore.filters import ApiError, parse_int
+from rollout.explore.search import SearchIndex
+from rollout.explore.store import Store
+
+log = logging.getLogger(__name__)
+MAX_PAGE_SIZE = 500
+MAX_PAGE = 1_000_000
+MAX_URL = 8192
+
+
+class Explorer:
+    """The store, the runs' search indexes, and the API's dispatch (usable without HTTP)."""
+
+    def __init__(self, store: Store, indexes: dict[str, SearchIndex] | None = None) -> None:
+        self.store = store
+        self.indexes = indexes or {}
+        self.index_errors: dict[str, str] = {}
+
+    def build_indexes(self, progress: Any = None, cache_dir: str | None = None) -> None:
+        """Once per export, in the background: the compacted tables (``cache_dir``), then
+        the search indexes."""
+        if cache_dir:
+            for name in list(self.store.runs):
+                try:
+                    self.store.compact(name, cache_dir)
+                except Exception as exc:  # the original files keep serving
+                    log.warning("compacting run %s failed: %s", name, exc)
+        for name, index in self.indexes.items():
+            try:
+                index.open_or_build(progress)
+            except Exception as exc:  # the list and every other view keep working
+                self.index_errors[name] = f"{type(exc).__name__}: {exc}"
+                log.warning("search index of run %s failed: %s", name, exc)
+
+    def handle(self, path: str, query: dict[str, list[str]]) -> Any:
+        route = ROUTES.get(path)
+        if route is None:
+            raise ApiError(f"no endpoint {path!r}; endpoints: {', '.join(ROUTES)}", 404)
+        allowed = route[1]
+        unknown = sorted(set(query) - allowed - {"run"})
+        if unknown:
+            raise ApiError(f"unknown parameter {unknown[0]!r} for {path}; valid: "
+                           f"{', '.join(sorted(allowed | {'run'}))}")  # fmt: skip
+        return route[0](self, query)
+
+    def _runs(self, q: dict[str, list[str]]) -> Any:
+        runs = self.store.run_list()
+        for r in runs:
+            idx = self.indexes.get(r["name"])
+            if r["name"] in self.index_errors:
+                r["search"] = "error: " + self.index_errors[r["name"]]
+            else:
+                r["search"] = "off" if idx is None else "ready" if idx.ready() else "building"
+            r["index"] = idx.info if idx and idx.ready() else None
+        return {"runs": runs}
+
+    def _list(self, q: dict[str, list[str]]) -> Any:
+        return self.store.list_page(q, _one(q, "run"), parse_int(q, "page", 0, 0, MAX_PAGE),
+                               parse_int(q, "size", 50, 1, MAX_PAGE_SIZE), _one(q, "sort"),
+                               _one(q, "cols"), _one(q, "hist") != "false")  # fmt: skip
+
+    def _search(self, q: dict[str, list[str]]) -> Any:
+        run = _one(q, "run") or next(iter(self.store.runs))
+        self.store.table(run, "trajectories")  # unknown run -> 404
+        if run in self.index_errors:
+            raise ApiError(f"search is unavailable: {self.index_errors[run]}", 503)
+        index = self.indexes.get(run)
+        if index is None:
+            raise ApiError("search is off (started with --no-search)", 503)
+        step = parse_int(q, "step", -1, -(2**62), 2**62) if _one(q, "step") else None
+        return index.search(_one(q, "q") or "", parse_int(q, "page", 0, 0, 10_000),
+                            parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
+
+    def _trajectory(self, q: dict[str, list[str]]) -> Any:
+        step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
+        return self.store.trajectory(_one(q, "run"), _required(q, "id"), step)
+
+    def _groups(self, q: dict[str, list[str]]) -> Any:
+        step = parse_int(q, "step", 0, -(2**62), 2**62)
+        if _one(q, "step") is None:
+            raise ApiError("step: required (the training step whose groups to show)")
+        return self.store.groups(_one(q, "run"), step, _flag(q, "validate", False),
+                                 parse_int(q, "page", 0, 0, MAX_PAGE),
+                                 parse_int(q, "size", 20, 1, 200),
+                                 _flag(q, "zero", False))  # fmt: skip
+
+    def _prompt(self, q: dict[str, list[str]]) -> Any:
+        step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
+        return self.store.prompt(_one(q, "run"), _one(q, "id"), _one(q, "prompt"), step)
+
+    def _steps(self, q: dict[str, list[str]]) -> Any:
+        return {"steps": self.store.steps(_one(q, "run"))}
+
+    def _compare(self, q: dict[str, list[str]]) -> Any:
+        step = parse_int(q, "step", 0, -(2**62), 2**62)
+        text = _one(q, "prompt")
+        if not text:
+            if not _one(q, "id"):
+                raise ApiError("compare: give prompt=<text> or id=<trace id>, and step")
+            row = self.store.locate(_one(q, "run"), _required(q, "id"))
+            text, step = row["prompt"], row["step"] if _one(q, "step") is None else step
+        return self.store.compare(step, text)
+
+
+def _one(q: dict[str, list[str]], name: str) -> str | None:
+    values = q.get(name)
+    return values[-1] if values else None
+
+
+def _required(q: dict[str, list[str]], name: str) -> str:
+    value = _one(q, name)
+    if not value:
+        raise ApiError(f"{name}: required")
+    return value
+
+
+def _flag(q: dict[str, list[str]], name: str, default: bool) -> bool:
+    raw = _one(q, name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise ApiError(f"{name}: {raw[:50]!r} is not true or false")
+    return raw.lower() in ("true", "1")
+
+
+_LIST = {"page", "size", "sort", "cols", "hist", "step", "reward", "validate", "finish_reason",
+         "worker_id", "kept_by", "policy_version", "status", "sample_key", "experiment_name",
+         "name", "trace_id", "flag", "tool_errors", "f"}  # fmt: skip
+ROUTES: dict[str, tuple[Any, set[str]]] = {
+    "/api/runs": (Explorer._runs, set()),
+    "/api/list": (Explorer._list, _LIST),
+    "/api/search": (Explorer._search, {"q", "in", "step", "page", "size"}),
+    "/api/trajectory": (Explorer._trajectory, {"id", "step"}),
+    "/api/groups": (Explorer._groups, {"step", "validate", "zero", "page", "size"}),
+    "/api/prompt": (Explorer._prompt, {"id", "prompt", "step"}),
+    "/api/steps": (Explorer._steps, set()),
+    "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),
+}
+
+
+def page_html() -> bytes:
+    return resources.files("rollout.explore").joinpath("static/explore.html").read_bytes()
+
+
+class Handler(BaseHTTPRequestHandler):
+    explorer: Explorer
+    server_version = "rollout-tracer-explore"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        # orjson writes NaN/inf as null (JSON has neither) and datetimes as ISO 8601
+        body = orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS)
+        self._send(status, body, "application/json; charset=utf-8")
+
+    def do_GET(self) -> None:
+        if len(self.path) > MAX_URL:
+            self._json(414, {"error": f"URL longer than {MAX_URL} characters"})
+            return
+        url = urlparse(self.path)
+        if url.path in ("/", "/index.html"):
+            self._send(200, page_html(), "text/html; charset=utf-8")
+            return
+        try:
+            query = parse_qs(url.query, keep_blank_values=True, max_num_fields=100)
+            self._json(200, self.explorer.handle(url.path, query))
+        except ApiError as exc:
+            self._json(exc.status, {"error": str(exc)})
+        except ValueError as exc:  # parse_qs: too many fields, bad encoding
+            self._json(400, {"error": f"bad request: {exc}"})
+        except Exception as exc:  # a bug or an unreadable file: say so, keep serving
+            log.exception("explore: %s failed", url.path)
+            self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+
+    def _read_only(self) -> None:
+        self._json(405, {"error": "read-only: only GET is served"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
+
+
+def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A server bound to ``host:port`` (0: any free port); call ``serve_forever``."""
+    handler = type("ExploreHandler", (Handler,), {"explorer": explorer})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, name="explore-http", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,52 @@
+"""Helpers for the explorer's tests: a generated export served by a real HTTP server."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from benchmarks.explore_data import generate
+from rollout.explore.search import SearchIndex
+from rollout.explore.server import Explorer, make_server, serve_in_thread
+from rollout.explore.store import Run, Store
+
+
+def make_export(folder: Path, n: int, seed: int = 0, tokens_per_turn: int = 4) -> Path:
+    generate(str(folder), n, tokens_per_turn=tokens_per_turn, seed=seed)
+    return folder
+
+
+@contextmanager
+def serving(runs: list[tuple[str, Path]], cache: Path, search: int = 1) -> Iterator[str]:
+    """Serve the export folders on 127.0.0.1 (a free port), the first ``search`` of them with
+    a search index; yields the base URL."""
+    store = Store([Run(name, str(path), set()) for name, path in runs])
+    explorer = Explorer(store)
+    if search:
+        explorer.indexes = {name: SearchIndex(str(path), str(cache))
+                            for name, path in runs[:search]}  # fmt: skip
+        explorer.build_indexes(cache_dir=str(cache))
+    server = make_server(explorer, "127.0.0.1", 0)
+    serve_in_thread(server)
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def get(base: str, path: str, **params: Any) -> tuple[int, Any]:
+    """GET ``base + path`` with ``params`` (lists repeat a parameter): (status, JSON body)."""
+    pairs = [(k, v) for k, vs in params.items() for v in (vs if isinstance(vs, list) else [vs])]
+    url = base + path + ("?" + urllib.parse.urlencode(pairs) if pairs else "")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -1,0 +1,152 @@
+"""The explorer's page in headless Chromium (Debian's, driven by Playwright) over 10,000
+generated trajectories: filter, sort and page; search and open a hit; a GRPO group, then one of
+its trajectories with its transcript and token overlay; the prompt across steps; a copied URL
+reloaded in a new tab; the back button. Expected numbers come from the Parquet files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("tantivy")
+pq = pytest.importorskip("pyarrow.parquet")
+sync_api = pytest.importorskip("playwright.sync_api")
+
+from tests._explore import make_export, serving  # noqa: E402
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+N = 10_000
+TOKENS_PER_TURN = 4
+pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("explore-browser")
+    folder = make_export(root / "run", N, seed=3, tokens_per_turn=TOKENS_PER_TURN)
+    rows = pq.read_table(folder / "trajectories.parquet").to_pylist()
+    with serving([("run", folder)], root / "cache") as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--no-first-run",
+                                          "--disable-background-networking"])  # fmt: skip
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        requests: list[str] = []
+        context.on("request", lambda r: requests.append(r.url))
+        yield {"base": base, "rows": rows, "context": context, "requests": requests}
+        browser.close()
+
+
+def _ready(page: Any) -> None:
+    page.wait_for_function("document.body.dataset.ready === location.hash", timeout=60_000)
+    errors = page.locator(".err")
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+def test_filter_sort_page(app: dict[str, Any]) -> None:
+    rows, page = app["rows"], app["context"].new_page()
+    page.goto(app["base"] + "#/list")
+    _ready(page)
+    assert page.locator("#count b").inner_text().replace(",", "") == str(N)
+    page.fill("input[name=step]", "3:4")
+    page.select_option("select[name=validate]", "false")
+    page.click("form.filters button[type=submit]")
+    _ready(page)
+    want = [r for r in rows if 3 <= r["step"] <= 4 and not r["validate"]]
+    assert page.locator("#count b").inner_text().replace(",", "") == str(len(want))
+    assert page.locator("#histogram rect").count() >= 1
+    page.click('th[data-col="response_tokens"]')
+    _ready(page)
+    page.click('th[data-col="response_tokens"]')  # twice: descending
+    _ready(page)
+    assert "sort=-response_tokens" in page.url
+    top = sorted(want, key=lambda r: (-r["response_tokens"], r["trace_id"]))
+    assert page.locator("#trajectories tbody tr").first.get_attribute("data-id") == \
+        top[0]["trace_id"]  # fmt: skip
+    page.click("#next")
+    _ready(page)
+    assert page.locator("#trajectories tbody tr").first.get_attribute("data-id") == \
+        top[50]["trace_id"]  # fmt: skip
+    page.go_back()
+    _ready(page)
+    assert page.locator("#trajectories tbody tr").first.get_attribute("data-id") == \
+        top[0]["trace_id"]  # fmt: skip
+    assert all(u.startswith(app["base"]) for u in app["requests"]), "nothing from outside"
+
+
+def test_search_and_open_a_hit(app: dict[str, Any]) -> None:
+    page = app["context"].new_page()
+    page.goto(app["base"] + "#/search")
+    _ready(page)
+    page.fill("#q", "timeout")
+    page.click("form.filters button[type=submit]")
+    _ready(page)
+    first = page.locator(".hit").first
+    assert first.locator("mark").first.inner_text().lower() == "timeout"
+    trace_id = first.get_attribute("data-id")
+    first.click()
+    _ready(page)
+    assert page.locator("#summary").inner_text().count(trace_id or "-") == 1
+    assert page.locator("#transcript .tool.bad mark").first.inner_text().lower() == "timeout"
+
+
+def test_group_then_trajectory_then_prompt_then_url_and_back(app: dict[str, Any]) -> None:
+    rows, page = app["rows"], app["context"].new_page()
+    step = 5
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r["step"] == step and not r["validate"]:
+            groups.setdefault(r["sample_key"], []).append(r["reward"])
+    zero = sum(1 for v in groups.values() if len(v) > 1 and min(v) == max(v))
+    page.goto(app["base"] + f"#/groups?step={step}")
+    _ready(page)
+    assert page.locator("#count b").inner_text() == str(zero)
+    first_zero = page.locator(".group.zero").first
+    assert "zero variance" in first_zero.inner_text()
+    cell = page.locator(".group .cell").first
+    trace_id = cell.get_attribute("data-id")
+    cell.click()
+    _ready(page)
+    row = next(r for r in rows if r["trace_id"] == trace_id)
+    assert trace_id in page.locator("#summary").inner_text()
+    reward = page.locator("#summary tr:has(th:text-is('reward')) td").inner_text()
+    assert float(reward) == row["reward"]
+    assert page.locator("#transcript .turn").count() == 3
+    tokens = page.locator("#transcript .tok")
+    assert tokens.count() == 3 * TOKENS_PER_TURN
+    assert "rollout_logprob:" in (tokens.first.get_attribute("title") or "")
+    assert "background" in (tokens.first.get_attribute("style") or "")
+    flags = page.locator("#flags .flag").all_inner_texts()
+    assert flags == row["flags"] or (
+        not row["flags"] and page.locator("#flags").inner_text() == "none")
+    page.click("#prompt-link")
+    _ready(page)
+    same = {(r["step"], r["validate"]) for r in rows if r["prompt"] == row["prompt"]}
+    assert page.locator("#prompt-steps tr[data-step]").count() == len(same) >= 2
+    assert page.locator("#prompt-steps ins").count() + page.locator("#prompt-steps del").count() > 0
+    url = page.url
+    other = app["context"].new_page()  # a copied URL, opened fresh
+    other.goto(url)
+    _ready(other)
+    assert other.locator("#prompt-steps tr[data-step]").count() == len(same)
+    page.go_back()
+    _ready(page)
+    assert trace_id in page.locator("#summary").inner_text()
+    page.go_back()
+    _ready(page)
+    assert page.locator("#count b").inner_text() == str(zero)
+
+
+def test_steps_chart_filters_the_table(app: dict[str, Any]) -> None:
+    page = app["context"].new_page()
+    page.goto(app["base"] + "#/steps")
+    _ready(page)
+    assert page.locator("svg.chart").count() == 4
+    page.locator('svg[data-metric="reward"] circle[data-step="2"]').click()
+    _ready(page)
+    want = sum(1 for r in app["rows"] if r["step"] == 2 and not r["validate"])
+    assert page.locator("#count b").inner_text().replace(",", "") == str(want)
