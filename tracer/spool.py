@@ -165,7 +165,7 @@ class BackendSpool:
         """Write one batch (each record's JSON line, ``tracer.encode``) as a new file. None
         when the spool is full (``max_bytes``); raises ``SpoolError`` when the file system
         refuses (the caller keeps the batch in memory)."""
-        data = b"\n".join(lines) + b"\n"
+        data = b"\n".join([*lines, b""])  # one copy, newline-terminated
         with self._lock:
             if self.used + len(data) > self.max_bytes:
                 return None

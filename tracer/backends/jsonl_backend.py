@@ -102,7 +102,7 @@ class JsonlExporter(Exporter):
                 with open(self.path, "a+b") as f:
                     # a writer that crashed mid-line left a fragment: start on a fresh line
                     prefix = b"\n" if f.tell() > 0 and _last_byte(f) != b"\n" else b""
-                    f.write(prefix + b"\n".join(new) + b"\n")
+                    f.write(b"\n".join([prefix + new[0], *new[1:], b""]))
                     f.flush()
                     os.fsync(f.fileno())
                 self._written.update(ids)
