@@ -248,7 +248,7 @@ async def test_traced_rollout_through_vllm_into_mlflow(engine, mlflow_uri: str) 
             assert gen.outputs["finish_reason"] == turn.finish_reason
             # token2text: the tracer's decoded text is the tokenizer's decode of vLLM's ids
             assert gen.outputs["response_text"] == tok.decode(turn.token_ids)
-        assert sum(s.name == "tool_call" for s in spans) == out.tool_calls
+        assert sum(s.span_type == "TOOL" for s in spans) == out.tool_calls  # call_tool ops
         assert sum(s.span_type == "EVALUATOR" for s in spans) == 1  # the reward op
     turns = [o.num_assistant_turns for o in outs.values()]
     calls = [o.tool_calls for o in outs.values()]
