@@ -81,18 +81,7 @@ def mode_ours(n: int, tmp: str) -> None:
 
     tracer.init(backend="jsonl", jsonl_path=f"{tmp}/ours.jsonl", spool_dir=f"{tmp}/spool")
 
-    @tracer.trace_op(kind="generate")
-    def generate(messages: Any, prompt_ids: Any) -> dict[str, Any]:
-        return _generate_result()
-
-    @tracer.trace_op(kind="tool")
-    def tool(name: str, args: Any) -> dict[str, Any]:
-        return {"result": "42"}
-
-    @tracer.trace_op(kind="reward")
-    def reward(text: str) -> float:
-        return 1.0
-
+    generate, tool, reward = ours_ops()
     _workload(n, generate, tool, reward,
               lambda i: tracer.trace_attr(step=0, sample_index=i, rollout_n=0))  # fmt: skip
     assert tracer.flush(600)
@@ -120,28 +109,8 @@ def mode_otel(n: int, tmp: str) -> None:
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(FileExporter(f"{tmp}/otel.jsonl")))
-    t = provider.get_tracer("bench")
 
-    def op(name: str, kind: str, fn: Any) -> Any:
-        def wrapper(*args: Any) -> Any:
-            with t.start_as_current_span(name) as span:
-                span.set_attribute("gen_ai.operation.name", kind)
-                span.set_attribute("input.value", json.dumps(args))
-                result = fn(*args)
-                span.set_attribute("output.value", json.dumps(result))
-                return result
-
-        return wrapper
-
-    generate = op("generate", "chat", lambda m, p: _generate_result())
-    tool = op("tool", "execute_tool", lambda name, a: {"result": "42"})
-    reward = op("reward", "reward", lambda text: 1.0)
-
-    def trajectory(i: int) -> Any:
-        return t.start_as_current_span("trajectory", attributes={
-            "step": 0, "sample_index": i, "rollout_n": 0})  # fmt: skip
-
-    _workload(n, generate, tool, reward, trajectory)
+    _workload(n, *otel_ops(provider.get_tracer("bench")))
     assert provider.force_flush(600_000)
     provider.shutdown()
 
@@ -156,18 +125,7 @@ def stages(n: int, tmp: str) -> dict[str, float]:
                 flush_interval_s=3600.0, export_batch_size=10**7,
                 max_buffer_trajectories=10**7, max_buffer_bytes=2**40)  # fmt: skip
 
-    @tracer.trace_op(kind="generate")
-    def generate(messages: Any, prompt_ids: Any) -> dict[str, Any]:
-        return _generate_result()
-
-    @tracer.trace_op(kind="tool")
-    def tool(name: str, args: Any) -> dict[str, Any]:
-        return {"result": "42"}
-
-    @tracer.trace_op(kind="reward")
-    def reward(text: str) -> float:
-        return 1.0
-
+    generate, tool, reward = ours_ops()
     t0 = time.process_time()
     _workload(n, generate, tool, reward,
               lambda i: tracer.trace_attr(step=0, sample_index=i, rollout_n=0))  # fmt: skip
@@ -205,6 +163,49 @@ def stages(n: int, tmp: str) -> dict[str, float]:
             "redaction_check": gate * us, "redaction_full_pass_if_needed": full * us,
             "spool_write": spool * us, "jsonl_write": export * us,
             "records_needing_redaction": hits}  # fmt: skip
+
+
+def ours_ops() -> tuple[Any, Any, Any]:
+    """The workload's generate, tool and reward functions, decorated with ours."""
+    import tracer
+
+    @tracer.trace_op(kind="generate")
+    def generate(messages: Any, prompt_ids: Any) -> dict[str, Any]:
+        return _generate_result()
+
+    @tracer.trace_op(kind="tool")
+    def tool(name: str, args: Any) -> dict[str, Any]:
+        return {"result": "42"}
+
+    @tracer.trace_op(kind="reward")
+    def reward(text: str) -> float:
+        return 1.0
+
+    return generate, tool, reward
+
+
+def otel_ops(t: Any) -> tuple[Any, Any, Any, Any]:
+    """The workload's functions and trajectory context as OpenTelemetry SDK spans the way GenAI
+    instrumentations record them (inputs and outputs as JSON attributes), for tracer ``t``."""
+
+    def op(name: str, kind: str, fn: Any) -> Any:
+        def wrapper(*args: Any) -> Any:
+            with t.start_as_current_span(name) as span:
+                span.set_attribute("gen_ai.operation.name", kind)
+                span.set_attribute("input.value", json.dumps(args))
+                result = fn(*args)
+                span.set_attribute("output.value", json.dumps(result))
+                return result
+
+        return wrapper
+
+    def trajectory(i: int) -> Any:
+        return t.start_as_current_span("trajectory", attributes={
+            "step": 0, "sample_index": i, "rollout_n": 0})  # fmt: skip
+
+    return (op("generate", "chat", lambda m, p: _generate_result()),
+            op("tool", "execute_tool", lambda name, a: {"result": "42"}),
+            op("reward", "reward", lambda text: 1.0), trajectory)  # fmt: skip
 
 
 MODES = {"untraced": mode_untraced, "ours": mode_ours, "otel": mode_otel}

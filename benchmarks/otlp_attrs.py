@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.cpu import _generate_result, _workload
+from benchmarks.cpu import _workload, otel_ops, ours_ops
 
 VARIANTS = {
     "ours_both": ("ours, genai + openinference (default)", ["genai", "openinference"]),
@@ -40,18 +40,7 @@ def records(n: int) -> list[Any]:
 
     tracer.init(backend="memory", spool=False)
 
-    @tracer.trace_op(kind="generate")
-    def generate(messages: Any, prompt_ids: Any) -> dict[str, Any]:
-        return _generate_result()
-
-    @tracer.trace_op(kind="tool")
-    def tool(name: str, args: Any) -> dict[str, Any]:
-        return {"result": "42"}
-
-    @tracer.trace_op(kind="reward")
-    def reward(text: str) -> float:
-        return 1.0
-
+    generate, tool, reward = ours_ops()
     _workload(n, generate, tool, reward,
               lambda i: tracer.trace_attr(step=0, sample_index=i, rollout_n=0))  # fmt: skip
     assert tracer.flush(600)
@@ -94,24 +83,7 @@ def otel(n: int) -> tuple[float, int, int]:
     provider.add_span_processor(collect)
     t = provider.get_tracer("bench")
 
-    def op(name: str, kind: str, fn: Any) -> Any:
-        def wrapper(*args: Any) -> Any:
-            with t.start_as_current_span(name) as span:
-                span.set_attribute("gen_ai.operation.name", kind)
-                span.set_attribute("input.value", json.dumps(args))
-                result = fn(*args)
-                span.set_attribute("output.value", json.dumps(result))
-                return result
-
-        return wrapper
-
-    generate = op("generate", "chat", lambda m, p: _generate_result())
-    tool = op("tool", "execute_tool", lambda name, a: {"result": "42"})
-    reward = op("reward", "reward", lambda text: 1.0)
-
-    def trajectory(i: int) -> Any:
-        return t.start_as_current_span("trajectory", attributes={
-            "step": 0, "sample_index": i, "rollout_n": 0})  # fmt: skip
+    generate, tool, reward, trajectory = otel_ops(t)
 
     t0 = time.process_time()
     _workload(n, generate, tool, reward, trajectory)
