@@ -158,11 +158,7 @@ class Annotator:
             try:
                 exporter = as_exporter(create_exporter(name, self.config))
             except Exception as exc:
-                key = f"{name}/errors"
-                with self.lock:
-                    self.counts[key] += 1
-                    n = self.counts[key]
-                if log_every(n):
+                if log_every(self._count_error(name)):
                     log.warning("rollout-tracer: cannot reach %s to annotate (%s: %s); "
                                 "annotations wait for it", name, type(exc).__name__, exc)
                 continue
@@ -231,11 +227,7 @@ class Annotator:
             try:
                 found = exporter.annotate([a for a, _ in items])
             except Exception as exc:  # the backend is down: they wait, like missing traces
-                key = f"{name}/errors"
-                with self.lock:
-                    self.counts[key] += 1
-                    n = self.counts[key]
-                if log_every(n):
+                if log_every(self._count_error(name)):
                     log.warning("rollout-tracer: %s could not store %d annotations (%s: %s); "
                                 "they wait for it", name, len(items),
                                 type(exc).__name__, exc)  # fmt: skip
@@ -246,6 +238,12 @@ class Annotator:
                     item for item, ok in zip(items, found, strict=True) if not ok
                 )
             self.idle.notify_all()
+
+    def _count_error(self, name: str) -> int:
+        """Count one failed call to backend ``name``; returns how many so far (for log_every)."""
+        with self.lock:
+            self.counts[f"{name}/errors"] += 1
+            return self.counts[f"{name}/errors"]
 
     def _lost_total(self) -> int:
         return sum(v for k, v in self.counts.items()
