@@ -86,7 +86,9 @@ def test_sigkill_then_replay_keeps_everything_finished_before_the_last_flush_int
     out = subprocess.run([sys.executable, "-m", "rollout.cli", "replay", "--spool-dir",
                           str(spool)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "trajectories replayed" in out.stdout
+    # a fast machine may have exported everything before the kill: then the spool is empty and
+    # replay says so; either way the checks below decide whether anything was lost
+    assert "trajectories replayed" in out.stdout or "nothing to replay" in out.stdout, out.stdout
     assert replay(str(spool)).replayed == {p.name: 0 for p in spool.iterdir()}  # nothing left
     stored = search_traces(mlflow_uri, "crash")
     ids = [(int(t.info.tags["step"]) * 50 + int(t.info.tags["sample_index"])) for t in stored]
