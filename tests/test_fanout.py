@@ -122,3 +122,30 @@ def test_jsonl_appends_once_and_reader_skips_partial_line(tmp_path: Path) -> Non
     assert back[0] == records[0]
     with pytest.raises(ValueError, match="not a JSON trajectory record"):
         list(read_jsonl(path, strict=True))
+
+
+def test_backends_remember_a_bounded_number_of_ids(tmp_path: Path) -> None:
+    """A long run exports millions of trajectories: what a backend keeps to skip a batch sent
+    again is the most recent ids only (the JSONL file, not memory, holds the rest)."""
+    from tracer.backends.base import RecentIds
+    from tracer.backends.jsonl_backend import JsonlExporter
+    from tracer.testing import InMemoryExporter
+
+    tracer.init({"backend": "memory", "raise_internal_errors": True})
+    for i in range(5):
+        with tracer.trace_attr(step=1, sample_index=i):
+            compute_reward(call_tool("calc", {"expr": "2+2"}))
+    assert tracer.flush(timeout_s=30)
+    records = InMemoryExporter.latest().records
+    path = tmp_path / "t.jsonl"
+    exporter = JsonlExporter(tracer.TraceConfig(backend=None, jsonl_path=str(path)))
+    exporter._written = RecentIds(limit=3)
+    for r in records:
+        exporter.export([r])
+    assert len(exporter._written) == 3
+    exporter.export(records[-3:])  # the recent ones are still skipped
+    assert [r.trace_id for r in read_jsonl(path)] == [r.trace_id for r in records]
+    ids = RecentIds[None](limit=2)
+    for key in "abca":
+        ids.add(key, None)
+    assert "a" in ids and "c" in ids and "b" not in ids  # re-adding "a" made it recent

@@ -27,14 +27,46 @@ it to this interface (the only place where such an object's attributes are probe
 
 from __future__ import annotations
 
+import collections
 import enum
 import inspect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from tracer.annotations import AnnotationRecord
     from tracer.record import TrajectoryRecord
+
+
+V = TypeVar("V")
+
+# how many trace ids a backend remembers to skip a batch sent again: retries and replays concern
+# recent batches, and a run that exports millions must not grow its host's memory with each one
+MAX_REMEMBERED = 100_000
+
+
+class RecentIds(Generic[V]):
+    """The last ``limit`` trace ids a backend stored, each with a value (None, or what tells
+    two trajectories with one id apart); the oldest is forgotten first."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = MAX_REMEMBERED if limit is None else limit
+        self._ids: collections.OrderedDict[str, V] = collections.OrderedDict()
+
+    def __contains__(self, trace_id: object) -> bool:
+        return trace_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, trace_id: str) -> V | None:
+        return self._ids.get(trace_id)
+
+    def add(self, trace_id: str, value: V) -> None:
+        self._ids[trace_id] = value
+        self._ids.move_to_end(trace_id)
+        while len(self._ids) > self.limit:
+            self._ids.popitem(last=False)
 
 
 class ExportResult(enum.Enum):

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracer.annotations import AnnotationRecord
-from tracer.backends.base import Exporter, ExportResult
+from tracer.backends.base import Exporter, ExportResult, RecentIds
 from tracer.config import TraceConfig
 from tracer.encode import encode_record
 from tracer.record import TrajectoryRecord, read_jsonl
@@ -77,7 +77,7 @@ class JsonlExporter(Exporter):
         self._lock = threading.Lock()
         # trace id -> start of the trajectory written with it: a batch sent again is skipped,
         # another trajectory with that id is not (the file holds all it counts as exported)
-        self._written: dict[str, int] = {}
+        self._written: RecentIds[int] = RecentIds()
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
@@ -105,7 +105,8 @@ class JsonlExporter(Exporter):
                     f.write(b"\n".join([prefix + new[0], *new[1:], b""]))
                     f.flush()
                     os.fsync(f.fileno())
-                self._written.update(ids)
+                for key, start_ns in ids.items():
+                    self._written.add(key, start_ns)
         return ExportResult.SUCCESS
 
     def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:

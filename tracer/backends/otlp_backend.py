@@ -29,7 +29,6 @@ Spans are built as finished SDK ``ReadableSpan`` objects and handed straight to 
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tracer.annotations import AnnotationRecord, annotation_span
-from tracer.backends.base import Exporter, ExportResult
+from tracer.backends.base import Exporter, ExportResult, RecentIds
 from tracer.backends.otel_spans import encode_otlp, to_readable_spans
 from tracer.config import OTLP_CONVENTIONS as CONVENTIONS
 from tracer.config import TraceConfig
@@ -47,7 +46,6 @@ from tracer.record import SpanRecord, TrajectoryRecord
 log = logging.getLogger("tracer")
 
 TRACES_PATH = "/v1/traces"
-MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-sending a replayed batch
 
 
 def resolve_endpoint(config: TraceConfig) -> str | None:
@@ -129,7 +127,7 @@ class OtlpExporter(Exporter):
             f"|{k}={config.otlp_headers[k]}" for k in routing
         )
         self._lock = threading.Lock()
-        self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._exported: RecentIds[None] = RecentIds()
         self._failures = 0
 
     def export(self, batch: Sequence[TrajectoryRecord], *, replay: bool = False) -> ExportResult:
@@ -154,9 +152,7 @@ class OtlpExporter(Exporter):
             return ExportResult.FAILURE
         with self._lock:
             for r in todo:
-                self._exported[r.trace_id] = None
-            while len(self._exported) > MAX_REMEMBERED:  # replays only concern recent traces
-                self._exported.popitem(last=False)
+                self._exported.add(r.trace_id, None)
         return ExportResult.SUCCESS
 
     def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
@@ -168,7 +164,7 @@ class OtlpExporter(Exporter):
                                                                     self.resource)]  # fmt: skip
         if spans and self.span_exporter.export(spans) is not SpanExportResult.SUCCESS:
             raise ConnectionError(f"OTLP export of {len(spans)} annotation spans to "
-                                  f"{self.endpoint} failed")  # fmt: skip
+                                  f"{store_address(self.endpoint)} failed")  # fmt: skip
         return [True] * len(batch)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:

@@ -45,7 +45,6 @@ same ``span_id`` (the latest wins).
 
 from __future__ import annotations
 
-import collections
 import json
 import threading
 import time
@@ -53,11 +52,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracer.annotations import AnnotationRecord, annotation_span
-from tracer.backends.base import Exporter, ExportResult
+from tracer.backends.base import Exporter, ExportResult, RecentIds
 from tracer.config import TraceConfig
 from tracer.record import STYLE_KEY, SpanRecord, TrajectoryRecord
 
-MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-logging a retried batch
 POLL_S = 0.05  # how often force_flush looks at a remote run's sender
 # What force_flush reads of a trackio Run (trackio 0.43.0; see the module docstring).
 _RUN_MEMBERS = ("_is_local", "_client_lock", "_queue_lock", "_flush_queues_inline",
@@ -185,7 +183,7 @@ class TrackioExporter(Exporter):
         self._lock = threading.Lock()
         # trace ids trackio has stored, and those logged but not known to be stored yet (with
         # the number of rows each added)
-        self._logged: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._logged: RecentIds[None] = RecentIds()
         self._unconfirmed: dict[str, int] = {}
         self._rows_before = 0  # the run's rows before our first batch (a local store)
         self._rows_confirmed = 0
@@ -282,9 +280,7 @@ class TrackioExporter(Exporter):
         with self._lock:
             for trace_id in pending:
                 self._unconfirmed.pop(trace_id, None)
-                self._logged[trace_id] = None
-            while len(self._logged) > MAX_REMEMBERED:
-                self._logged.popitem(last=False)
+                self._logged.add(trace_id, None)
         return True
 
     def _wait_sent(self, timeout_s: float) -> bool:

@@ -45,7 +45,6 @@ Uses ``WeaveClient`` directly (``_call_id_override`` is private): weave is pinne
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import logging
@@ -56,14 +55,13 @@ from typing import Any
 
 from tracer import weave_access
 from tracer.annotations import AnnotationRecord, annotation_span
-from tracer.backends.base import Exporter, ExportResult
+from tracer.backends.base import Exporter, ExportResult, RecentIds
 from tracer.backends.otel_spans import root_inputs, root_outputs
 from tracer.config import TraceConfig
 from tracer.record import SpanRecord, TrajectoryRecord
 
 log = logging.getLogger("tracer")
 
-MAX_REMEMBERED = 100_000  # trace ids remembered to skip re-sending a replayed batch
 FEEDBACK_TYPE = "rollout_tracer.annotation"  # the feedback an annotation becomes
 
 # config -> an object implementing weave's TraceServerClientInterface (tests: in-process)
@@ -177,7 +175,7 @@ class WeaveExporter(Exporter):
         self.client = client if client is not None else _make_client(config)
         self.destination = f"{self.client.entity}/{self.client.project}"  # names the spool
         self._lock = threading.Lock()
-        self._exported: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._exported: RecentIds[None] = RecentIds()
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
@@ -194,9 +192,7 @@ class WeaveExporter(Exporter):
         self.client.flush()
         with self._lock:
             for r in todo:
-                self._exported[r.trace_id] = None
-            while len(self._exported) > MAX_REMEMBERED:
-                self._exported.popitem(last=False)
+                self._exported.add(r.trace_id, None)
         return ExportResult.SUCCESS
 
     def _export_one(self, record: TrajectoryRecord) -> None:
