@@ -21,9 +21,15 @@ def cmd_run_ray(
     from tqdm import tqdm
 
     import tracer
+    from rollout.after_step import AfterStep
 
-    tracer.shutdown()  # the driver traces nothing: each actor runs its own tracer
     tracking = getattr(args, "tracking", None)
+    # the driver plays verl's trainer: the step's health counts and, with
+    # trainer.recompute_log_probs, the trainer's and reference log-probs of every trajectory
+    # (its own models), attached with tracer.annotate to the traces the workers stored
+    after_step = AfterStep(config, None, tracking)
+    if after_step.trainer_pass is None:
+        tracer.shutdown()  # the driver traces nothing: each actor runs its own tracer
     k = num_workers(config)
     uri = str(trace.get("tracking_uri") or "")
     backends = trace.get("backend")
@@ -46,8 +52,9 @@ def cmd_run_ray(
         m = result.metrics()
         bar.set_postfix(step=result.step, score=f"{m['score']:.2f}", turns=f"{m['turns']:.1f}")
         durable = all(pool.flushed.get(result.step, [False]))
+        extra = after_step(result)
         if tracking is not None:  # console line and trackers (trainer.logger), all workers
-            tracking.log_step(result, combine_tracer_metrics(pool.metrics()))
+            tracking.log_step(result, {**combine_tracer_metrics(pool.metrics()), **extra})
         if not durable:
             tqdm.write(f"step {result.step}: traces not yet durable on every worker (spooled)")
 
@@ -71,6 +78,11 @@ def cmd_run_ray(
         bar.close()
         if pool is not None:
             final = pool.shutdown()
+        annotations: dict[str, Any] = {}
+        if after_step.trainer_pass is not None:  # the driver's annotations, stored or counted
+            tracer.flush(timeout_s=60)
+            annotations = {k: v for k, v in tracer.metrics().items() if "/annotat" in k}
+            tracer.shutdown()
         if tracking is not None:
             tracking.finish(failed=failed)
     stats = combine_tracer_metrics(final)
@@ -79,6 +91,8 @@ def cmd_run_ray(
     for m in final:
         exported = {n: v for n, v in m.items() if n.endswith("/exported")}
         print(f"  {m.get('worker_id', '?')}: {exported}")
+    if annotations:
+        print(f"  driver (trainer pass): {annotations}")
     if pool is not None and pool.lost:
         print(f"lost with their nodes ({len(pool.lost)} shares; their traces in the store are "
               "tagged with that ray_node_id, re-runs with attempt > 0):")

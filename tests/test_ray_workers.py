@@ -194,3 +194,52 @@ def _run_pool(
                 pool.shutdown()
         finally:
             ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_run_driver_does_the_trainer_pass(tmp_path: Path, mlflow_uri: str) -> None:
+    """With Ray workers the driver plays verl's trainer: its own models recompute every
+    trajectory's log-probs, attach them to the traces the worker stored, and log
+    rollout_corr/* and the health counts of each step."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("xgrammar")
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    project = "ray-trainer-pass"
+    cmd = [sys.executable, "-m", "rollout.cli", "run", "--no-progress",
+           "actor_rollout_ref.rollout.agent.num_workers=1", "actor_rollout_ref.rollout.n=2",
+           "trainer.total_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0",
+           "trainer.logger=[console,mlflow]", "trainer.kl_heatmap_freq=0",
+           "actor_rollout_ref.rollout.response_length=96",
+           f"trainer.project_name={project}",
+           f"actor_rollout_ref.rollout.trace.tracking_uri={mlflow_uri}",
+           f"+actor_rollout_ref.rollout.trace.spool_dir={tmp_path / 'spool'}",
+           "ray_kwargs.ray_init.num_cpus=2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "done: 2 training" in proc.stdout, proc.stdout
+    assert "driver (trainer pass)" in proc.stdout, proc.stdout
+    traces = search_traces(mlflow_uri, project)
+    assert len(traces) == 2
+    out = tmp_path / "export"
+    from rollout.cli import main
+
+    assert main(["export", "--from", "mlflow", "--tracking-uri", mlflow_uri, "--experiment",
+                 project, "--out", str(out), "--format", "parquet", "--no-progress"]) == 0
+    duckdb = pytest.importorskip("duckdb")
+    [(model, missing, traced)] = duckdb.sql(f"""
+        SELECT count(*), count(*) FILTER (WHERE train_logprob IS NULL OR ref_logprob IS NULL
+            OR entropy IS NULL OR rollout_logprob IS NULL), count(DISTINCT trace_id)
+        FROM read_parquet('{out / "tokens.parquet"}') WHERE loss_mask = 1""").fetchall()
+    assert model > 10 and missing == 0 and traced == 2, (model, missing, traced)
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    exp = client.get_experiment_by_name(project)
+    [run] = client.search_runs([exp.experiment_id])
+    for name in ("rollout_corr/kl", "rollout_corr/k3_kl", "perf/trainer_pass_s"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [1], name
