@@ -99,16 +99,22 @@ def test_otlp_down_others_get_everything(
     assert len(search_traces(mlflow_uri, EXP, "tags.step = '2'")) == 5
 
 
-def test_jsonl_appends_once_and_reader_skips_partial_line(tmp_path: Path) -> None:
-    from tracer.backends.jsonl_backend import JsonlExporter
+def _traced(n: int) -> list[tracer.TrajectoryRecord]:
+    """``n`` trajectories of a tool call and a reward, as the pipeline hands them to backends."""
     from tracer.testing import InMemoryExporter
 
     tracer.init({"backend": "memory", "raise_internal_errors": True})
-    for i in range(3):
+    for i in range(n):
         with tracer.trace_attr(step=1, sample_index=i):
             compute_reward(call_tool("calc", {"expr": "2+2"}))
     assert tracer.flush(timeout_s=30)
-    records = InMemoryExporter.latest().records
+    return list(InMemoryExporter.latest().records)
+
+
+def test_jsonl_appends_once_and_reader_skips_partial_line(tmp_path: Path) -> None:
+    from tracer.backends.jsonl_backend import JsonlExporter
+
+    records = _traced(3)
     path = tmp_path / "t.jsonl"
     exporter = JsonlExporter(tracer.TraceConfig(backend=None, jsonl_path=str(path)))
     exporter.export(records[:2])
@@ -129,14 +135,8 @@ def test_backends_remember_a_bounded_number_of_ids(tmp_path: Path) -> None:
     again is the most recent ids only (the JSONL file, not memory, holds the rest)."""
     from tracer.backends.base import RecentIds
     from tracer.backends.jsonl_backend import JsonlExporter
-    from tracer.testing import InMemoryExporter
 
-    tracer.init({"backend": "memory", "raise_internal_errors": True})
-    for i in range(5):
-        with tracer.trace_attr(step=1, sample_index=i):
-            compute_reward(call_tool("calc", {"expr": "2+2"}))
-    assert tracer.flush(timeout_s=30)
-    records = InMemoryExporter.latest().records
+    records = _traced(5)
     path = tmp_path / "t.jsonl"
     exporter = JsonlExporter(tracer.TraceConfig(backend=None, jsonl_path=str(path)))
     exporter._written = RecentIds(limit=3)
