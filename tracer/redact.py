@@ -88,7 +88,6 @@ def _occurs(data: bytes, literal: bytes, at: int | None) -> bool:
     if at is None:
         return literal in data
     anchor = literal[at]
-    n = len(literal)
     pos = data.find(anchor)
     hits = 0
     while pos >= 0:
