@@ -70,6 +70,12 @@ def render(x: Any, limits: Limits) -> Any:
     string is) nor ``2 * max_items`` (so no list or dict is longer), fewer brackets than
     ``MAX_DEPTH``, and no ``null`` (a NaN or inf would read as one). One difference remains:
     an ``Enum`` or ``UUID`` member kept by reference is stored as its value, not its repr."""
+    return render_encoded(x, limits)[0]
+
+
+def render_encoded(x: Any, limits: Limits) -> tuple[Any, bytes | None]:
+    """``render(x, limits)`` and, when ``x`` itself is the rendering, the JSON that proved it
+    (what ``tracer.encode`` would write for it), else None."""
     t = type(x)
     if t is dict or t is list:
         try:
@@ -83,8 +89,8 @@ def render(x: Any, limits: Limits) -> Any:
                 and b"null" not in data
                 and data.count(b"[") + data.count(b"{") < MAX_DEPTH
             ):
-                return x
-    return to_jsonable(x, limits)
+                return x, data
+    return to_jsonable(x, limits), None
 
 
 def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None = None) -> Any:
