@@ -20,10 +20,10 @@ import tracer
 from tracer.backends import register_backend
 from tracer.backends.base import Exporter, ExportResult
 from tracer.encode import encode, encode_record
-from tracer.jsonable import MAX_DEPTH, Limits, render, to_jsonable
+from tracer.jsonable import MAX_DEPTH, Limits, render, render_encoded, to_jsonable
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.redact import Redactor
-from tracer.snapshot import snapshot
+from tracer.snapshot import MAX_NESTING, snapshot, snapshot_args
 
 
 @dataclasses.dataclass
@@ -64,6 +64,24 @@ def test_render_equals_the_walk(value: Any) -> None:
     limits = Limits(200, 50)
     snap, _ = snapshot(value)
     assert encode(render(snap, limits)) == encode(to_jsonable(snap, limits))
+
+
+def _nesting(x: Any) -> int:
+    if isinstance(x, dict):
+        return 1 + max(map(_nesting, x.values()), default=0)
+    if isinstance(x, list):
+        return 1 + max(map(_nesting, x), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("value", [_deep(100), {"a": [{"b": _deep(40)}]}, [[{}]] * 3])
+def test_snapshots_nest_no_deeper_than_rendering_counts(value: Any) -> None:
+    # the record builder renders snapshots without counting their brackets (MAX_NESTING)
+    arguments, _ = snapshot_args(("value",), (value,), {}, 20_000)
+    assert _nesting(arguments) <= MAX_NESTING < MAX_DEPTH
+    assert _nesting(snapshot(value)[0]) <= MAX_NESTING
+    limits = Limits(200_000, 20_000)
+    assert render_encoded(arguments, limits, MAX_NESTING)[0] == to_jsonable(arguments, limits)
 
 
 def test_a_rendered_snapshot_is_not_the_callers_object() -> None:

@@ -73,9 +73,13 @@ def render(x: Any, limits: Limits) -> Any:
     return render_encoded(x, limits)[0]
 
 
-def render_encoded(x: Any, limits: Limits) -> tuple[Any, bytes | None]:
+def render_encoded(
+    x: Any, limits: Limits, nesting: int | None = None
+) -> tuple[Any, bytes | None]:
     """``render(x, limits)`` and, when ``x`` itself is the rendering, the JSON that proved it
-    (what ``tracer.encode`` would write for it), else None."""
+    (what ``tracer.encode`` would write for it), else None. ``nesting``: how deeply ``x``'s
+    containers can nest, when the caller knows (a snapshot's: ``tracer.snapshot.MAX_NESTING``);
+    below ``MAX_DEPTH`` the brackets need no counting."""
     t = type(x)
     if t is dict or t is list:
         try:
@@ -87,7 +91,10 @@ def render_encoded(x: Any, limits: Limits) -> tuple[Any, bytes | None]:
                 len(data) <= limits.max_chars
                 and len(data) <= 2 * limits.max_items
                 and b"null" not in data
-                and data.count(b"[") + data.count(b"{") < MAX_DEPTH
+                and (
+                    (nesting is not None and nesting < MAX_DEPTH)
+                    or data.count(b"[") + data.count(b"{") < MAX_DEPTH
+                )
             ):
                 return x, data
     return to_jsonable(x, limits), None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.fast_decode import fast_decoder
 from tracer.jsonable import Limits, render_encoded, safe_repr, to_jsonable, truncation_marker
 from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
-from tracer.snapshot import ObjectSnapshot, Truncated
+from tracer.snapshot import MAX_NESTING, ObjectSnapshot, Truncated
 from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
 
 if TYPE_CHECKING:
@@ -130,7 +130,8 @@ def build_record(
 
 
 def _render(x: Any, limits: Limits) -> tuple[Any, bytes | None]:
-    return render_encoded(x, limits) if x is not None else (None, None)
+    # a span's inputs and outputs are snapshots (tracer.ops): their nesting is bounded
+    return render_encoded(x, limits, MAX_NESTING) if x is not None else (None, None)
 
 
 def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[float] | None:
