@@ -137,12 +137,16 @@ def stages(n: int, tmp: str) -> dict[str, float]:
     config = tracer.get_tracer().config
     redactor = pipeline.redactor
     assert redactor is not None
-    t0 = time.process_time()
-    records = [build_record(traj, config, None) for traj in trajs]
-    build = time.process_time() - t0
-    t0 = time.process_time()
-    lines = [encode_record(r) for r in records]
-    encode = time.process_time() - t0
+    build = encode = 0.0
+    records, lines = [], []
+    for traj in trajs:  # one at a time, as the pipeline does: rendered JSON lives briefly
+        encoded: dict[int, Any] = {}
+        t0 = time.process_time()
+        records.append(build_record(traj, config, None, encoded))
+        t1 = time.process_time()
+        lines.append(encode_record(records[-1], encoded))
+        build += t1 - t0
+        encode += time.process_time() - t1
     t0 = time.process_time()
     hits = sum(redactor.needs(line) for line in lines)
     gate = time.process_time() - t0
@@ -151,12 +155,20 @@ def stages(n: int, tmp: str) -> dict[str, float]:
         redactor.record(r)
     full = time.process_time() - t0
     worker = pipeline.workers[0]
-    t0 = time.process_time()
-    worker.put(1, records, lines, sum(map(len, lines)))
-    spool = time.process_time() - t0
-    t0 = time.process_time()
-    worker.exporter.export_encoded(records, lines)
-    export = time.process_time() - t0
+    assert worker.spool is not None
+    spool = export = 0.0
+    size = config.export_batch_size if config.export_batch_size < n else 256
+    for i in range(0, n, size):  # as the worker does: each batch spooled, exported, deleted
+        batch, batch_lines = records[i : i + size], lines[i : i + size]
+        t0 = time.process_time()
+        path = worker.spool.write(batch_lines)
+        t1 = time.process_time()
+        worker.exporter.export_encoded(batch, batch_lines)
+        t2 = time.process_time()
+        if path is not None:
+            worker.spool.delete(path)
+        spool += t1 - t0 + time.process_time() - t2
+        export += t2 - t1
     tracer.reset()
     us = 1e6 / n
     return {"hot_path": hot * us, "build_record": build * us, "serialize": encode * us,
@@ -211,36 +223,57 @@ def otel_ops(t: Any) -> tuple[Any, Any, Any, Any]:
 MODES = {"untraced": mode_untraced, "ours": mode_ours, "otel": mode_otel}
 
 
-def _child(mode: str, n: int) -> float:
+def time_gc() -> Any:
+    """Start timing the cyclic garbage collector in this (benchmark) process; returns a
+    function that says the CPU seconds it spent so far."""
+    import gc
+
+    spent = [0.0]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            spent[0] += time.thread_time() - started[0]
+
+    gc.callbacks.append(on_gc)
+    return lambda: spent[0]
+
+
+def _child(mode: str, n: int) -> tuple[float, float]:
     """CPU seconds of ``mode`` over ``n`` trajectories in a fresh interpreter, its imports
-    and init included (``run`` subtracts a 1-trajectory run of the same mode)."""
+    and init included (``run`` subtracts a 1-trajectory run of the same mode), and the CPU
+    seconds of those spent in the cyclic garbage collector (counted on the thread it ran on;
+    it holds the GIL meanwhile)."""
     code = (
         "import sys, time, tempfile, json; from benchmarks import cpu; "
         "tmp = tempfile.mkdtemp(); "
+        "gc_seconds = cpu.time_gc(); "
         "t0 = time.process_time(); "
         f"cpu.MODES[{mode!r}]({n}, tmp); "
-        "print(json.dumps(time.process_time() - t0))"
+        "print(json.dumps([time.process_time() - t0, gc_seconds()]))"
     )
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=900, check=True)  # fmt: skip
-    return float(out.stdout.strip().splitlines()[-1])
-
-
-def _imports_cpu(mode: str) -> float:
-    """CPU of importing and initialising a mode with 1 trajectory (subtracted from its run)."""
-    return _child(mode, 1)
+    cpu_s, gc_s = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(cpu_s), float(gc_s)
 
 
 def run(quick: bool) -> dict[str, Any]:
     n = 300 if quick else 1500
     repeats = 2 if quick else 5
     per: dict[str, list[float]] = {m: [] for m in MODES}
+    gc_per: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(repeats):  # interleaved: drift on a shared machine hits every mode alike
         for mode in MODES:
-            per[mode].append(_child(mode, n) - _imports_cpu(mode))
+            (cpu_s, gc_s), (base_cpu, base_gc) = _child(mode, n), _child(mode, 1)
+            per[mode].append(cpu_s - base_cpu)
+            gc_per[mode].append(gc_s - base_gc)
     med = {m: statistics.median(v) for m, v in per.items()}
     cost = {m: (med[m] - med["untraced"]) / n * 1e6 for m in ("ours", "otel")}
+    gc_us = {m: statistics.median(gc_per[m]) / n * 1e6 for m in ("ours", "otel")}
     with tempfile.TemporaryDirectory() as tmp:
         stage_us = stages(n, tmp)
     return {
@@ -249,6 +282,8 @@ def run(quick: bool) -> dict[str, Any]:
         "cpu_s": {m: [round(x, 3) for x in v] for m, v in per.items()},
         "us_per_durable_trajectory": {m: round(v, 1) for m, v in cost.items()},
         "ratio_ours_to_otel": round(cost["ours"] / cost["otel"], 3),
+        # of each mode's cost, the cyclic garbage collector's share (µs per trajectory)
+        "gc_us_per_trajectory": {m: round(v, 1) for m, v in gc_us.items()},
         "ours_stages_us": {k: round(v, 1) for k, v in stage_us.items()},
     }
 

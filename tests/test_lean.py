@@ -20,10 +20,10 @@ import tracer
 from tracer.backends import register_backend
 from tracer.backends.base import Exporter, ExportResult
 from tracer.encode import encode, encode_record
-from tracer.jsonable import MAX_DEPTH, Limits, render, to_jsonable
+from tracer.jsonable import MAX_DEPTH, Limits, render, render_encoded, to_jsonable
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.redact import Redactor
-from tracer.snapshot import snapshot
+from tracer.snapshot import MAX_NESTING, snapshot, snapshot_args
 
 
 @dataclasses.dataclass
@@ -64,6 +64,24 @@ def test_render_equals_the_walk(value: Any) -> None:
     limits = Limits(200, 50)
     snap, _ = snapshot(value)
     assert encode(render(snap, limits)) == encode(to_jsonable(snap, limits))
+
+
+def _nesting(x: Any) -> int:
+    if isinstance(x, dict):
+        return 1 + max(map(_nesting, x.values()), default=0)
+    if isinstance(x, list):
+        return 1 + max(map(_nesting, x), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("value", [_deep(100), {"a": [{"b": _deep(40)}]}, [[{}]] * 3])
+def test_snapshots_nest_no_deeper_than_rendering_counts(value: Any) -> None:
+    # the record builder renders snapshots without counting their brackets (MAX_NESTING)
+    arguments, _ = snapshot_args(("value",), (value,), {}, 20_000)
+    assert _nesting(arguments) <= MAX_NESTING < MAX_DEPTH
+    assert _nesting(snapshot(value)[0]) <= MAX_NESTING
+    limits = Limits(200_000, 20_000)
+    assert render_encoded(arguments, limits, MAX_NESTING)[0] == to_jsonable(arguments, limits)
 
 
 def test_a_rendered_snapshot_is_not_the_callers_object() -> None:
@@ -132,6 +150,16 @@ def test_the_check_is_a_superset_on_random_text() -> None:
             assert redactor.needs(encode_record(_record(text))), text
 
 
+@pytest.mark.parametrize("secret", SECRETS)
+def test_the_check_sees_a_secret_after_many_near_misses(secret: str) -> None:
+    # the check finds a literal through one of its rare bytes; past a few dozen false hits of
+    # that byte it searches the whole record: either way the secret at the end is seen
+    noise = " ".join(["-", "w", "W", "A", "k", "sk", "wand", "AKI", "_", "hf"] * 40)
+    text = f"{noise} {secret}"
+    assert _changes(Redactor([]), text)
+    assert Redactor([]).needs(encode_record(_record(text)))
+
+
 def test_clean_records_skip_the_per_field_pass() -> None:
     assert not Redactor([]).needs(encode_record(_record("What is 6*7? The answer is 42.")))
     assert Redactor([r"secret-\d+"]).needs(b"{}")  # user patterns always take the long way
@@ -175,3 +203,66 @@ def test_byte_backends_get_the_spools_bytes(tmp_path: Path) -> None:
         _Bytes.gate.set()
         tracer.reset()
     assert b"".join(spooled).splitlines() == _Bytes.got
+
+
+class _Letters:
+    """A tokenizer: id i decodes to one letter."""
+
+    def __len__(self) -> int:
+        return 1000
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def _finished_trajectories(tmp_path: Path) -> list[Any]:
+    """Trajectories as the pipeline takes them from its buffer (nothing processed yet)."""
+
+    @tracer.trace_op(kind="generate")
+    def generate(messages: list[dict[str, str]], prompt_ids: list[int]) -> dict[str, Any]:
+        return {"text": "ok", "response_ids": [7, 8, 9], "finish_reason": "stop"}
+
+    @tracer.trace_op(kind="generate")
+    def sample(prompt: str) -> dict[str, Any]:  # log-probs, no token ids
+        return {"text": "ok", "logprobs": [-0.5, -0.25]}
+
+    @tracer.trace_op(kind="tool")
+    def tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"result": "42", "rows": [1, 2, 3]}
+
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"), flush_interval_s=3600.0,
+                spool_dir=str(tmp_path / "spool"), export_batch_size=10**6,
+                token2text=True)  # fmt: skip
+    tracer.register_tokenizer(_Letters())
+    for i in range(3):
+        with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+            generate([{"role": "user", "content": "hi"}], [1, 2, 3])
+            sample("hi")
+            tool("calculator", {"expression": "6*7"})
+    pipeline = tracer.get_tracer().pipeline
+    assert pipeline is not None
+    trajectories = [traj for _seq, traj in pipeline.buffer]
+    pipeline.buffer.clear()
+    return trajectories
+
+
+def test_the_line_reuses_rendered_json_only_where_the_record_holds_it(tmp_path: Path) -> None:
+    from tracer.record_builder import build_record
+
+    try:
+        trajectories = _finished_trajectories(tmp_path)
+        config = tracer.get_tracer().config
+        for traj in trajectories:
+            encoded: dict[int, tuple[Any, bytes]] = {}
+            record = build_record(traj, config, _Letters(), encoded)
+            assert encoded  # the tool's inputs and outputs, at least
+            line = encode_record(record, encoded)
+            assert line == encode_record(record)  # the long way: every value encoded again
+            # token2text and the log-prob marker went into the outputs after rendering
+            assert b'"response_text":"hij"' in line and b'"prompt_text":"bcd"' in line
+            assert b"log-probs: float32 base64" in line
+            # a value replaced after building (redaction does that) is encoded anew
+            record.spans[-1].outputs = {"result": "[REDACTED]"}
+            assert b"[REDACTED]" in encode_record(record, encoded)
+    finally:
+        tracer.reset()

@@ -70,6 +70,16 @@ def render(x: Any, limits: Limits) -> Any:
     string is) nor ``2 * max_items`` (so no list or dict is longer), fewer brackets than
     ``MAX_DEPTH``, and no ``null`` (a NaN or inf would read as one). One difference remains:
     an ``Enum`` or ``UUID`` member kept by reference is stored as its value, not its repr."""
+    return render_encoded(x, limits)[0]
+
+
+def render_encoded(
+    x: Any, limits: Limits, nesting: int | None = None
+) -> tuple[Any, bytes | None]:
+    """``render(x, limits)`` and, when ``x`` itself is the rendering, the JSON that proved it
+    (what ``tracer.encode`` would write for it), else None. ``nesting``: how deeply ``x``'s
+    containers can nest, when the caller knows (a snapshot's: ``tracer.snapshot.MAX_NESTING``);
+    below ``MAX_DEPTH`` the brackets need no counting."""
     t = type(x)
     if t is dict or t is list:
         try:
@@ -81,10 +91,13 @@ def render(x: Any, limits: Limits) -> Any:
                 len(data) <= limits.max_chars
                 and len(data) <= 2 * limits.max_items
                 and b"null" not in data
-                and data.count(b"[") + data.count(b"{") < MAX_DEPTH
+                and (
+                    (nesting is not None and nesting < MAX_DEPTH)
+                    or data.count(b"[") + data.count(b"{") < MAX_DEPTH
+                )
             ):
-                return x
-    return to_jsonable(x, limits)
+                return x, data
+    return to_jsonable(x, limits), None
 
 
 def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None = None) -> Any:

@@ -324,8 +324,9 @@ class Pipeline:
         (an internal error, logged). The line is made once and serves the redaction check,
         the spool and byte-oriented backends."""
         try:
-            record = build_record(traj, self.config, tokenizer)
-            line = encode_record(record)
+            encoded: dict[int, tuple[Any, bytes]] = {}  # what rendering already encoded
+            record = build_record(traj, self.config, tokenizer, encoded)
+            line = encode_record(record, encoded)
             if self.redactor is not None and self.redactor.needs(line):
                 record = self.redactor.record(record)
                 line = encode_record(record)

@@ -9,9 +9,9 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from tracer.fast_decode import fast_decoder
-from tracer.jsonable import Limits, render, safe_repr, to_jsonable, truncation_marker
+from tracer.jsonable import Limits, render_encoded, safe_repr, to_jsonable, truncation_marker
 from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
-from tracer.snapshot import ObjectSnapshot, Truncated
+from tracer.snapshot import MAX_NESTING, ObjectSnapshot, Truncated
 from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
 
 if TYPE_CHECKING:
@@ -25,7 +25,15 @@ _REWARD_KEYS = ("reward", "score", "reward_score", "acc")
 _LOGPROB_FIELDS = ("logprobs", "log_probs", "response_logprobs")
 
 
-def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> TrajectoryRecord:
+def build_record(
+    traj: Trajectory,
+    config: TraceConfig,
+    tokenizer: Any,
+    encoded: dict[int, tuple[Any, bytes]] | None = None,
+) -> TrajectoryRecord:
+    """The trajectory's record. ``encoded``, when given, receives the JSON that rendering
+    already made of span inputs and outputs, by the id of the value (with the value, so the
+    id stays its own): ``tracer.encode.encode_record`` writes it instead of encoding again."""
     verl = is_verl_style(traj.attributes)
     # verl's backends write objects as their fields (pydantic's model_dump), without a type key
     limits = Limits(config.max_field_chars, config.max_list_items, type_keys=not verl)
@@ -42,12 +50,14 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         if end_ns == 0:  # still open when the trajectory ended (abandoned generator, leaked task)
             end_ns = root.end_ns or span.start_ns
             attrs["unfinished"] = True
-        inputs = render(span.inputs, limits) if span.inputs is not None else None
-        outputs = render(span.outputs, limits) if span.outputs is not None else None
+        inputs, inputs_json = _render(span.inputs, limits)
+        outputs, outputs_json = _render(span.outputs, limits)
+        wrote = False  # whether decoded text or a log-prob marker went into inputs or outputs
         if config.token2text and verl:
-            _verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
+            wrote = _verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
         elif config.token2text:
-            _token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer, limits)
+            wrote = _token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer,
+                                limits)  # fmt: skip
         if span.kind == "reward" and span.error is None:
             value = _reward_value(span.outputs)
             if value is not None:
@@ -61,9 +71,15 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
                 )
             lps = _encode_logprobs(span, outputs, attrs)
             if lps:
+                wrote = True
                 rollout_logprobs.extend(lps)
         if span.kind == "tool":
             attrs.setdefault("tool_name", _tool_name(span))
+        if encoded is not None and not wrote:
+            if inputs_json is not None:
+                encoded[id(inputs)] = (inputs, inputs_json)
+            if outputs_json is not None:
+                encoded[id(outputs)] = (outputs, outputs_json)
         spans.append(
             SpanRecord(
                 span_id=f"{span.span_id:016x}",
@@ -111,6 +127,11 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         attributes=attributes,
         spans=spans,
     )
+
+
+def _render(x: Any, limits: Limits) -> tuple[Any, bytes | None]:
+    # a span's inputs and outputs are snapshots (tracer.ops): their nesting is bounded
+    return render_encoded(x, limits, MAX_NESTING) if x is not None else (None, None)
 
 
 def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[float] | None:
@@ -343,12 +364,12 @@ def _takes_skip_special_tokens(decode: Any) -> bool:
 
 def _verl_token2text(
     span: Span, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
-) -> None:
+) -> bool:
     """As verl's tracer: the prompt (the output's ``prompt_ids``, else the input's) and the
     response (the output's ``response_ids``, else ``token_ids``) decoded into the span's
     outputs as ``prompt_text`` / ``response_text``; also kept as attributes (turns table)."""
     if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
-        return  # verl skips ops whose object has no tokenizer
+        return False  # verl skips ops whose object has no tokenizer
     inputs = span.inputs if isinstance(span.inputs, dict) else {}
     prompt = _find_field(span.outputs, "prompt_ids")
     if prompt is None:
@@ -356,42 +377,48 @@ def _verl_token2text(
     response = _find_field(span.outputs, "response_ids")
     if response is None:
         response = _find_field(span.outputs, "token_ids")
+    wrote = False
     for label, ids in (("prompt", prompt), ("response", response)):
-        if ids is None:
-            continue
-        _decode_into(label, ids, tokenizer, attrs, outputs, limits)
+        if ids is not None:
+            wrote |= _decode_into(label, ids, tokenizer, attrs, outputs, limits)
+    return wrote
 
 
 def _token2text(
     span: Span, inputs: Any, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
-) -> None:
+) -> bool:
     found = [
         ("prompt", _collect_ids(span.inputs, (*_PROMPT_FIELDS, "token_ids")), inputs),
         ("response", _collect_ids(span.outputs, _RESPONSE_FIELDS), outputs),
     ]
+    wrote = False
     for label, hit, target in found:
         if hit is None:
             continue
         if tokenizer is None:
             attrs["token2text_error"] = "no tokenizer: call tracer.register_tokenizer(tok)"
-            return
-        _decode_into(label, hit[1], tokenizer, attrs, target, limits)
+            return wrote
+        wrote |= _decode_into(label, hit[1], tokenizer, attrs, target, limits)
+    return wrote
 
 
 def _decode_into(label: str, ids: Any, tokenizer: Any, attrs: dict[str, Any], target: Any,
-                 limits: Limits) -> None:  # fmt: skip
+                 limits: Limits) -> bool:  # fmt: skip
     """Decode ``ids`` into ``<label>_text`` / ``<label>_tokens`` attributes (and ``target``'s
-    ``<label>_text`` when it is a dict); a tokenizer that raises leaves ``token2text_error``."""
+    ``<label>_text`` when it is a dict: then True); a tokenizer that raises leaves
+    ``token2text_error``."""
     try:
         text, count = decode_ids(tokenizer, ids)
     except Exception as exc:
         attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
-        return
+        return False
     text = to_jsonable(text, limits)
     attrs[f"{label}_text"] = text
     attrs[f"{label}_tokens"] = count
     if isinstance(target, dict):
         target[f"{label}_text"] = text
+        return True
+    return False
 
 
 def _fill_root(spans: list[SpanRecord], reward: float | None) -> None:

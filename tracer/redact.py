@@ -62,6 +62,45 @@ def _hex40(m: re.Match[str]) -> str:
     return MARK if len(m.group()) == 40 else m.group()
 
 
+# Rules whose regex is case-sensitive: a string they change holds one of these literals as
+# written, so the serialized-record gate looks for them so
+_AS_WRITTEN = {"aws-access-key": ("AKIA", "ASIA"), "hf-token": ("hf_",), "openai-key": ("sk-",)}
+# Bytes common in records (token ids, English text, our own JSON keys): never anchors
+_COMMON = frozenset(b' ,0123456789":etaoinsrlhcdumpf_.{}[]bhOKTUYPL')
+_LESS_COMMON = b"kyvxgwjqz-"  # from more to less common; a byte in neither is rarer still
+_MAX_ANCHOR_HITS = 24
+
+
+def _anchor(literal: bytes) -> int | None:
+    """The index of the rarest byte of ``literal`` in records; None when all are common."""
+    rare = [i for i, b in enumerate(literal) if b not in _COMMON]
+    if not rare:
+        return None
+    order = {b: rank for rank, b in enumerate(_LESS_COMMON)}
+    return max(rare, key=lambda i: order.get(literal[i], len(_LESS_COMMON)))
+
+
+def _occurs(data: bytes, literal: bytes, at: int | None) -> bool:
+    """``literal in data``, found through its byte at ``at`` when it has a rare one: one byte
+    is found at memchr speed, while a search for several compares at nearly every position
+    (ten times slower over a record). When that byte turns up too often, or there is none,
+    the plain search decides."""
+    if at is None:
+        return literal in data
+    anchor = literal[at]
+    pos = data.find(anchor)
+    hits = 0
+    while pos >= 0:
+        start = pos - at
+        if start >= 0 and data.startswith(literal, start):
+            return True
+        hits += 1
+        if hits > _MAX_ANCHOR_HITS:
+            return literal in data
+        pos = data.find(anchor, pos + 1)
+    return False
+
+
 class Redactor:
     def __init__(
         self,
@@ -85,25 +124,33 @@ class Redactor:
         # what the serialized-record gate (``needs``) looks for; user patterns and a callback
         # can match anything, so they always take the per-field path
         self._always = bool(patterns) or callback is not None
-        self._gate_literals = tuple(
-            lit.encode() for lits, _rx, _repl in self.rules if lits for lit in lits
+        builtins = BUILTIN_PATTERNS.items() if builtin else ()
+        self._gate_lower = tuple(
+            (lit.encode(), _anchor(lit.encode()))
+            for name, (lits, _rx) in builtins
+            if name not in _AS_WRITTEN
+            for lit in lits
         )
+        exact = [lit.encode() for lits in _AS_WRITTEN.values() for lit in lits] if builtin else []
+        exact += [orjson.dumps(v)[1:-1] for v in self.literals]  # as they show in JSON
+        self._gate_exact = tuple((lit, _anchor(lit)) for lit in exact)
         self._gate_hex = builtin
-        self._gate_values = tuple(orjson.dumps(v)[1:-1] for v in self.literals)
 
     def needs(self, data: bytes) -> bool:
         """Whether a record serialized as ``data`` (its JSON) may hold something to redact. A
         superset test at C speed: every string a rule would change in the record shows, in
-        its JSON, the rule's literal, a run of 40 hex digits, or a secret's JSON-escaped
-        value. False means the per-field pass would change nothing."""
+        its JSON, the rule's literal (in lower case, where the per-field pass looks for it;
+        as written, where the rule's regex is case-sensitive), a run of 40 hex digits, or a
+        secret's JSON-escaped value. False means the per-field pass would change nothing."""
         if self._always:
             return True
-        low = data.lower() if data.isascii() else data.decode().lower().encode()
-        if any(lit in low for lit in self._gate_literals):
+        if any(_occurs(data, lit, at) for lit, at in self._gate_exact):
             return True
         if self._gate_hex and _HEX_RUN in data.translate(_HEX_TABLE):
             return True
-        return any(value in data for value in self._gate_values)
+        # str.lower maps a few non-ASCII letters to ASCII ones (the Kelvin sign to k)
+        low = data.lower() if data.isascii() else data.decode().lower().encode()
+        return any(_occurs(low, lit, at) for lit, at in self._gate_lower)
 
     def text(self, s: str) -> str:
         if len(s) >= _MIN_SECRET:

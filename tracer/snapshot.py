@@ -19,6 +19,8 @@ TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_
 
 _SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex})
 _MAX_DEPTH = 12
+# how deeply a snapshot's containers can nest: the arguments' dict, then _MAX_DEPTH levels
+MAX_NESTING = _MAX_DEPTH + 1
 _FLAT_LIST_MIN = 2  # lists of numbers (token ids) are copied at C speed, items not visited
 _NUMBERS = frozenset({int, float, bool})
 _BY_REFERENCE_BYTES = 64  # charged for an object kept by reference that cannot say its size
