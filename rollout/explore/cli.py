@@ -168,6 +168,7 @@ def _refresh_loop(args: argparse.Namespace, explorer: Any, run: Any, cache: str)
                 index = SearchIndex(fresh, cache)
                 index.open_or_build()
                 explorer.indexes[run.name] = index
+                explorer.prune_indexes(cache)
             if old != fresh and ".v" in os.path.basename(old):
                 import shutil
 

@@ -15,8 +15,8 @@ The copy holds the same rows in layouts made for the explorer's two kinds of rea
 - ``rows.parquet``: all columns in 1,024-row groups, for one trajectory's row by row number;
 - ``ids.parquet``: (trace_id, step, rn) sorted by trace_id, so an id alone finds its row;
 - ``turns``, ``tool_calls``, ``tokens``: sorted by (step, trace_id) in small row groups, so a
-  trajectory's rows sit in one row group (two at a step's edge) that the footer's min/max
-  statistics point to;
+  trajectory's rows sit in one row group (rarely two) that the footer's min/max statistics
+  point to;
 - ``summary.json``: the row count and the reward range (the histogram's bins).
 
 One trajectory is read with pyarrow from the row groups its key falls in: DuckDB prunes the
@@ -157,8 +157,9 @@ class Mapped:
 
 class Sorted:
     """A Parquet file sorted by ``keys`` (``step, trace_id`` or ``trace_id``): the rows of one
-    key, read from the row groups whose min/max statistics can hold it (one, or two where the
-    key's rows cross a row group's edge)."""
+    key, read from the row groups whose min/max statistics can hold it: its own (two where
+    its rows cross an edge), plus those holding the end of one step and the start of the next,
+    whose trace id range is the union of both."""
 
     def __init__(self, path: str, keys: tuple[str, ...]) -> None:
         import pyarrow.parquet as pq

@@ -26,6 +26,7 @@ unexpected failure is a 500 with its message, and the server keeps serving.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -34,9 +35,10 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
+from rollout.explore.cache import prune_folder
 from rollout.explore.filters import ApiError, parse_int
 from rollout.explore.search import SearchIndex
-from rollout.explore.store import Store
+from rollout.explore.store import KEEP_COMPACTED, Store
 
 log = logging.getLogger(__name__)
 MAX_PAGE_SIZE = 500
@@ -67,6 +69,14 @@ class Explorer:
             except Exception as exc:  # the list and every other view keep working
                 self.index_errors[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("search index of run %s failed: %s", name, exc)
+        if cache_dir:
+            self.prune_indexes(cache_dir)
+
+    def prune_indexes(self, cache_dir: str) -> list[str]:
+        """Delete the cache folder's search indexes beyond ``KEEP_COMPACTED`` besides those in
+        use (each export, and each refresh of one, has its own)."""
+        keep = {os.path.basename(ix.dir) for ix in self.indexes.values()}
+        return prune_folder(os.path.join(cache_dir, "search"), keep, KEEP_COMPACTED)
 
     def handle(self, path: str, query: dict[str, list[str]]) -> Any:
         route = ROUTES.get(path)

@@ -56,7 +56,8 @@ class Store:
     """Read-only queries over the runs' Parquet tables; one DuckDB connection, a cursor per
     request (DuckDB cursors are safe to use from one thread each)."""
 
-    def __init__(self, runs: list[Run], threads: int = 2) -> None:
+    def __init__(self, runs: list[Run], threads: int = 2, cache_entries: int = CACHE_ENTRIES,
+                 cache_bytes: int = CACHE_BYTES) -> None:  # fmt: skip
         import duckdb
 
         if not runs:
@@ -68,7 +69,7 @@ class Store:
         self._db.execute("LOAD parquet")
         self._db.execute("SET parquet_metadata_cache = true")
         self._lock = threading.Lock()
-        self.cache = LRU(CACHE_ENTRIES, CACHE_BYTES)
+        self.cache = LRU(cache_entries, cache_bytes)
         # per run (a fixed set): the open Parquet files of its compacted copy or export
         self._files: dict[str, dict[str, Any]] = {}
         self._view = {run.name: f"r{i}" for i, run in enumerate(runs)}
