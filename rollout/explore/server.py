@@ -3,8 +3,9 @@
     GET /api/runs                      the runs (export folders) served, with counts
     GET /api/list?step=3:7&reward=0:0.5&flag=truncated&sort=-reward&page=0&size=50&cols=...
                                        a page of trajectories, the total count, the reward
-                                       histogram of the selection (filters: rollout/explore/
-                                       filters.py)
+                                       histogram of the selection (bins: the run's reward
+                                       range in 20, empty ends left out; filters:
+                                       rollout/explore/filters.py)
     GET /api/search?q=timeout&in=result&step=3&page=0&size=20
                                        hits in prompts, responses, tool arguments and results,
                                        with the highlighted fragment
