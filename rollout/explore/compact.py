@@ -30,6 +30,7 @@ import bisect
 import json
 import os
 import shutil
+import threading
 from typing import Any
 
 VERSION = 4
@@ -108,6 +109,7 @@ class Rows:
         import pyarrow.parquet as pq
 
         self.file = pq.ParquetFile(path)
+        self.lock = threading.Lock()  # one reader, requests on several threads
         self.starts, n = [], 0
         for i in range(self.file.metadata.num_row_groups):
             self.starts.append(n)
@@ -121,7 +123,8 @@ class Rows:
             return []
         where = [bisect.bisect_right(self.starts, n) - 1 for n in numbers]
         groups = sorted(set(where))
-        table = self.file.read_row_groups(groups, columns=columns)
+        with self.lock:
+            table = self.file.read_row_groups(groups, columns=columns)
         offset, at = 0, {}
         for g in groups:
             at[g] = offset
@@ -136,12 +139,14 @@ class Mapped:
     def __init__(self, path: str) -> None:
         import pyarrow as pa
 
-        self.reader = pa.ipc.open_file(pa.memory_map(path))
-        self.names = set(self.reader.schema.names)
+        reader = pa.ipc.open_file(pa.memory_map(path))
+        self.names = set(reader.schema.names)
+        # views into the mapped file (immutable, so safe to share between threads)
+        self.batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         self.starts, n = [], 0
-        for i in range(self.reader.num_record_batches):
+        for b in self.batches:
             self.starts.append(n)
-            n += self.reader.get_batch(i).num_rows  # a view: reads the batch's header only
+            n += b.num_rows
 
     def take(self, numbers: list[int], columns: list[str]) -> list[dict[str, Any]]:
         import pyarrow as pa
@@ -151,7 +156,7 @@ class Mapped:
         pieces = []
         for n in numbers:
             g = bisect.bisect_right(self.starts, n) - 1
-            pieces.append(self.reader.get_batch(g).select(columns).slice(n - self.starts[g], 1))
+            pieces.append(self.batches[g].select(columns).slice(n - self.starts[g], 1))
         return list(pa.Table.from_batches(pieces).to_pylist())
 
 
@@ -165,6 +170,7 @@ class Sorted:
         import pyarrow.parquet as pq
 
         self.file = pq.ParquetFile(path)
+        self.lock = threading.Lock()
         self.keys = keys
         md = self.file.metadata
         index = {md.schema.column(i).name: i for i in range(md.num_columns)}
@@ -202,7 +208,9 @@ class Sorted:
         groups = self.groups(*key)
         if not groups:
             return self.file.schema_arrow.empty_table().select(names)
-        table = self.file.read_row_groups(groups, columns=list(dict.fromkeys([*self.keys, *names])))
+        wanted = list(dict.fromkeys([*self.keys, *names]))
+        with self.lock:
+            table = self.file.read_row_groups(groups, columns=wanted)
         mask = None
         for k, v in zip(self.keys, key, strict=True):
             m = pc.equal(table[k], v)
