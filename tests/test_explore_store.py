@@ -138,3 +138,18 @@ def test_refreshes_leave_a_bounded_cache_folder(tmp_path: Path) -> None:
     (cache / "compact" / "x.building").mkdir()
     assert prune_folder(str(cache / "compact"), set(), 0) and (cache / "compact" /
                                                                "x.building").exists()  # fmt: skip
+
+
+def test_concurrent_requests_get_the_same_answers(stores: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, fast, rows = stores
+    ids = [r["trace_id"] for r in rows[::61]]
+    alone = [fast.trajectory(None, i) for i in ids]
+    pages = [fast.list_page({}, None, p, 20, "-latency_ms", None)["rows"] for p in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda i: fast.trajectory(None, i), ids))
+        paged = list(pool.map(lambda p: fast.list_page({}, None, p, 20, "-latency_ms",
+                                                       None)["rows"], range(8)))  # fmt: skip
+    _same(together, alone)
+    _same(paged, pages)
