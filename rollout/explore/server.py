@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
+from rollout.explore import across
 from rollout.explore.cache import prune_folder
 from rollout.explore.filters import ApiError, parse_int
 from rollout.explore.search import SearchIndex
@@ -133,7 +134,8 @@ class Explorer:
 
     def _prompt(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
-        return self.store.prompt(_one(q, "run"), _one(q, "id"), _one(q, "prompt"), step)
+        return across.prompt(self.store, _one(q, "run"), _one(q, "id"), _one(q, "prompt"),
+                            step)  # fmt: skip
 
     def _steps(self, q: dict[str, list[str]]) -> Any:
         return {"steps": self.store.steps(_one(q, "run"))}
@@ -146,7 +148,7 @@ class Explorer:
                 raise ApiError("compare: give prompt=<text> or id=<trace id>, and step")
             row = self.store.locate(_one(q, "run"), _required(q, "id"))
             text, step = row["prompt"], row["step"] if _one(q, "step") is None else step
-        return self.store.compare(step, text)
+        return across.compare(self.store, step, text)
 
 
 def _one(q: dict[str, list[str]], name: str) -> str | None:

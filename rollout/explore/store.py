@@ -10,7 +10,6 @@ answers come from DuckDB queries over the export's own files.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import threading
@@ -35,8 +34,6 @@ CACHE_ENTRIES = 512
 CACHE_BYTES = 32 * 2**20
 # compacted copies kept in the cache folder besides those in use (older ones are deleted)
 KEEP_COMPACTED = 2
-MAX_PROMPT_ROWS = 400
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 @dataclass
@@ -122,7 +119,7 @@ class Store:
         self._attach(run)
 
     # ---------------------------------------------------------------- plumbing
-    def _rows(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         cur = self._db.cursor()
         try:
             res = cur.execute(sql, list(params))
@@ -176,7 +173,7 @@ class Store:
         def make() -> dict[str, Any]:
             if r.data:
                 return compacted.summary(r.data)
-            row = self._rows(f"SELECT count(*) n, min(reward) lo, max(reward) hi FROM {t}")[0]
+            row = self.query(f"SELECT count(*) n, min(reward) lo, max(reward) hi FROM {t}")[0]
             return {"trajectories": row["n"], "reward_lo": row["lo"], "reward_hi": row["hi"]}
 
         return dict(self._cached(("summary", name, r.folder), make))
@@ -193,7 +190,7 @@ class Store:
         # late materialization: the sort reads only the filter and sort columns; the page's
         # other columns are read for its rows alone (DuckDB skips the other row groups by
         # their row numbers; DuckDB's own late materialization stops at large offsets)
-        keys = self._rows(f"SELECT file_row_number AS rn FROM {t} WHERE {where.sql} ORDER "
+        keys = self.query(f"SELECT file_row_number AS rn FROM {t} WHERE {where.sql} ORDER "
                           f"BY {order} LIMIT ? OFFSET ?",
                           [*where.params, size, page * size])  # fmt: skip
         numbers = [int(k["rn"]) for k in keys]
@@ -212,7 +209,7 @@ class Store:
 
     def _fetch(self, t: str, cols: list[str], numbers: list[int]) -> list[dict[str, Any]]:
         """Rows of the trajectories view by row number, in that order."""
-        found = {r.pop("rn__"): r for r in self._rows(
+        found = {r.pop("rn__"): r for r in self.query(
             f"SELECT {_names(cols)}, file_row_number AS rn__ FROM {t} WHERE file_row_number "
             f"IN ({', '.join('?' * len(numbers))})", numbers)} if numbers else {}  # fmt: skip
         return [found[n] for n in numbers]
@@ -226,10 +223,10 @@ class Store:
 
         def make() -> dict[str, Any]:
             if lo is None:  # no rewards at all
-                n = self._rows(f"SELECT count(*) n FROM {t} WHERE {where.sql}", where.params)
+                n = self.query(f"SELECT count(*) n FROM {t} WHERE {where.sql}", where.params)
                 return {"total": int(n[0]["n"]), "reward_mean": None, "histogram": []}
             width = (hi - lo) / HIST_BINS or 1.0
-            rows = self._rows(f"SELECT least(CAST(floor((reward - ?) / ?) AS BIGINT), "
+            rows = self.query(f"SELECT least(CAST(floor((reward - ?) / ?) AS BIGINT), "
                               f"{HIST_BINS - 1}) b, count(*) n, count(reward) k, sum(reward) s "
                               f"FROM {t} WHERE {where.sql} GROUP BY b",
                               [lo, width, *where.params])  # fmt: skip
@@ -259,10 +256,10 @@ class Store:
             rows = self._file(run, "rows").take(found[:1])
         else:
             if step is not None:
-                rows = self._rows(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE step = ? "
+                rows = self.query(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE step = ? "
                                   "AND trace_id = ?", [step, trace_id])  # fmt: skip
             if not rows:  # no step given, or a wrong one
-                rows = self._rows(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE "
+                rows = self.query(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE "
                                   "trace_id = ?", [trace_id])  # fmt: skip
         if not rows:
             raise ApiError(f"no trajectory {trace_id!r} in run {run or next(iter(self.runs))}",
@@ -278,7 +275,7 @@ class Store:
             return list(found.find(step, trace_id, columns=columns).sort_by(order).to_pylist())
         cond, params = ("step = ? AND trace_id = ?", [step, trace_id]) if step is not None \
             else ("step IS NULL AND trace_id = ?", [trace_id])  # fmt: skip
-        return self._rows(f"SELECT {_names(columns)} FROM {self.table(run, table)} WHERE {cond} "
+        return self.query(f"SELECT {_names(columns)} FROM {self.table(run, table)} WHERE {cond} "
                           f"ORDER BY {order}", params)  # fmt: skip
 
     def trajectory(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
@@ -350,9 +347,9 @@ class Store:
                 f"'num_tool_errors': num_tool_errors, 'response_text': left(response_text, 300)}}"
                 f" ORDER BY rollout_n) rollouts FROM {t} WHERE step = ? AND validate = ? "
                 f"GROUP BY sample_key {having}")  # fmt: skip
-        rows = self._rows(f"{base} ORDER BY TRY_CAST(sample_key AS BIGINT), sample_key "
+        rows = self.query(f"{base} ORDER BY TRY_CAST(sample_key AS BIGINT), sample_key "
                           "LIMIT ? OFFSET ?", [step, validate, size, page * size])  # fmt: skip
-        total = self._rows(f"SELECT count(*) n, count(*) FILTER (zero_variance) z FROM ({base})",
+        total = self.query(f"SELECT count(*) n, count(*) FILTER (zero_variance) z FROM ({base})",
                            [step, validate])[0]  # fmt: skip
         for g in rows:
             std = g["std"] or 0.0
@@ -363,60 +360,13 @@ class Store:
                 "total": int(total["n"]), "zero_variance": int(total["z"]),
                 "groups": rows}  # fmt: skip
 
-    def prompt(self, run: str | None, trace_id: str | None, text: str | None,
-               step: int | None = None) -> dict[str, Any]:  # fmt: skip
-        """Every rollout of one prompt (the one of ``trace_id``, or ``text``), by step, with the
-        word diff of each step's first response against the previous step's."""
-        if trace_id:
-            text = self.locate(run, trace_id, step)["prompt"]
-        if not text:
-            raise ApiError("prompt: give id=<trace id> or prompt=<text>")
-        t = self.table(run, "trajectories")
-        rows = self._rows(f"SELECT trace_id, step, validate, sample_key, rollout_n, reward, "
-                          f"finish_reason, response_text FROM {t} WHERE prompt = ? "
-                          "ORDER BY step NULLS LAST, validate, rollout_n LIMIT ?",
-                          [text, MAX_PROMPT_ROWS])  # fmt: skip
-        steps: dict[Any, dict[str, Any]] = {}
-        for r in rows:
-            key = (r["step"], r["validate"])
-            s = steps.setdefault(key, {"step": r["step"], "validate": r["validate"],
-                                       "rollouts": []})  # fmt: skip
-            s["rollouts"].append(r)
-        out, prev = [], None
-        for s in steps.values():
-            rewards = [r["reward"] for r in s["rollouts"] if r["reward"] is not None]
-            s["mean_reward"] = sum(rewards) / len(rewards) if rewards else None
-            first = s["rollouts"][0]["response_text"] or ""
-            s["diff"] = word_diff(prev, first) if prev is not None else None
-            prev = first
-            out.append(s)
-        return {"prompt": text, "steps": out, "truncated": len(rows) >= MAX_PROMPT_ROWS}
-
     def steps(self, run: str | None) -> list[dict[str, Any]]:
         t = self.table(run, "trajectories")
-        return list(self._cached(("steps", run), lambda: self._rows(
+        return list(self._cached(("steps", run), lambda: self.query(
             f"SELECT step, validate, count(*) n, avg(reward) reward, avg(response_tokens) length,"
             f" 1 - sum(num_tool_errors) / nullif(sum(num_tool_calls), 0) tool_success, "
             f"avg(mismatch_kl_mean) mismatch_kl, avg(ref_kl_mean) ref_kl FROM {t} "
             "WHERE step IS NOT NULL GROUP BY step, validate ORDER BY validate, step")))  # fmt: skip
-
-    def compare(self, step: int, text: str) -> dict[str, Any]:
-        """The same prompt at the same step in every run: rewards and the responses' diff
-        against the first run's first rollout."""
-        out: list[dict[str, Any]] = []
-        base = None
-        for name in self.runs:
-            t = self.table(name, "trajectories")
-            rows = self._rows(f"SELECT trace_id, rollout_n, reward, response_text FROM {t} "
-                              "WHERE step = ? AND prompt = ? ORDER BY rollout_n LIMIT 64",
-                              [step, text])  # fmt: skip
-            first = rows[0]["response_text"] or "" if rows else ""
-            out.append({"run": name, "rollouts": rows,
-                        "diff": word_diff(base, first) if base is not None and rows else None})
-            if base is None and rows:
-                base = first
-        return {"step": step, "prompt": text, "runs": out}
-
 
 def _names(columns: list[str]) -> str:
     """Column names checked against the export schema (never other input), quoted."""
@@ -425,22 +375,3 @@ def _names(columns: list[str]) -> str:
 
 def _round(v: Any) -> Any:
     return None if v is None or v != v else float(f"{v:.6g}")
-
-
-def word_diff(old: str, new: str) -> list[list[str]]:
-    """``[[op, text], ...]`` with op ``=``, ``-`` or ``+``, word by word (whitespace kept)."""
-    a, b = re.findall(r"\S+\s*", old), re.findall(r"\S+\s*", new)
-    out: list[list[str]] = []
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if op == "equal":
-            out.append(["=", "".join(a[i1:i2])])
-            continue
-        if i2 > i1:
-            out.append(["-", "".join(a[i1:i2])])
-        if j2 > j1:
-            out.append(["+", "".join(b[j1:j2])])
-    return out
-
-
-def valid_run_name(name: str) -> bool:
-    return bool(_NAME.match(name))
