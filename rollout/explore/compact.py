@@ -46,18 +46,20 @@ def quote(path: str) -> str:
     return "'" + path.replace("'", "''") + "'"
 
 
-def build(db: Any, src: str, tables: set[str], out: str) -> None:
+def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str) -> None:
     """Write the compacted copy of the export folder ``src`` into ``out`` (atomically: a
-    ``.building`` folder renamed when complete), with ``db`` a DuckDB connection."""
+    ``.building`` folder renamed when complete), with a DuckDB connection of its own whose
+    sorts spill into that folder beyond ``memory_limit``."""
+    import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     tmp = out + ".building"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    cur = db.cursor()
+    cur = duckdb.connect(":memory:", config={"threads": threads, "memory_limit": memory_limit,
+                                             "temp_directory": os.path.join(tmp, "spill")})
     try:
-        cur.execute(f"SET temp_directory = {quote(tmp)}")  # a sort may spill
 
         def copy(select: str, name: str) -> None:
             to = quote(os.path.join(tmp, name + ".parquet"))
@@ -72,11 +74,11 @@ def build(db: Any, src: str, tables: set[str], out: str) -> None:
             if table in tables:
                 copy(f"SELECT * FROM read_parquet({quote(os.path.join(src, table + '.parquet'))})"
                      " ORDER BY step NULLS LAST, trace_id", table)  # fmt: skip
-        n, lo, hi = cur.execute(f"SELECT count(*), min(reward), max(reward) FROM {traj})"
-                                ).fetchone()  # fmt: skip
+        row = cur.execute(f"SELECT count(*), min(reward), max(reward) FROM {traj})").fetchone()
+        n, lo, hi = row if row is not None else (0, None, None)
     finally:
-        cur.execute("RESET temp_directory")
         cur.close()
+    shutil.rmtree(os.path.join(tmp, "spill"), ignore_errors=True)
     # DuckDB's writer does not go below its own chunk size; pyarrow writes exactly these
     f = pq.ParquetFile(os.path.join(tmp, "trajectories.parquet"))
     size = ROW_GROUPS["rows"]

@@ -32,6 +32,7 @@ HIST_BINS = 20
 # in-memory answers kept (per-filter counts and histograms, steps, scales): bounded by both
 CACHE_ENTRIES = 512
 CACHE_BYTES = 32 * 2**20
+MEMORY_LIMIT = "1GB"  # DuckDB's, for the queries and the compacted copy's sorts
 # compacted copies kept in the cache folder besides those in use (older ones are deleted)
 KEEP_COMPACTED = 2
 
@@ -54,15 +55,21 @@ class Store:
     request (DuckDB cursors are safe to use from one thread each)."""
 
     def __init__(self, runs: list[Run], threads: int = 2, cache_entries: int = CACHE_ENTRIES,
-                 cache_bytes: int = CACHE_BYTES) -> None:  # fmt: skip
+                 cache_bytes: int = CACHE_BYTES,
+                 memory_limit: str = MEMORY_LIMIT) -> None:  # fmt: skip
         import duckdb
 
         if not runs:
             raise ValueError("no export folder to explore")
         self.runs = {r.name: r for r in runs}
+        self.threads, self.memory_limit = threads, memory_limit
         # the footers of a million-trajectory export hold ~100k column chunks: parse them once,
         # not on every query
-        self._db = duckdb.connect(":memory:", config={"threads": threads})
+        # a bound on DuckDB's memory (its default is 80% of the machine's): the compacted
+        # copy's sorts spill to disk instead (8.7 GB peak RSS for a million trajectories
+        # without it)
+        self._db = duckdb.connect(":memory:", config={"threads": threads,
+                                                      "memory_limit": memory_limit})  # fmt: skip
         self._db.execute("LOAD parquet")
         self._db.execute("SET parquet_metadata_cache = true")
         self._lock = threading.Lock()
@@ -100,7 +107,7 @@ class Store:
         folder = os.path.join(cache_dir, "compact")
         out = os.path.join(folder, signature(run.path) + f"-v{compacted.VERSION}")
         if not os.path.exists(os.path.join(out, "summary.json")):
-            compacted.build(self._db, run.path, run.tables, out)
+            compacted.build(run.path, run.tables, out, self.threads, self.memory_limit)
         touch(out)
         run.data = out
         self._attach(run)
