@@ -110,8 +110,10 @@ def test_store_cache_stays_bounded(tmp_path: Path) -> None:
         assert len(store.cache) <= 8 and store.cache.bytes <= 20_000
     assert store.cache.evicted > 0
     assert store.list_page({"step": ["1:2"]}, None, 0, 10, None, None) == first
-    default = Store([Run("run", str(folder), set())]).cache  # the README's figures
-    assert (default.max_entries, default.max_bytes) == (512, 32 * 2**20)
+    default = Store([Run("run", str(folder), set())])  # the README's figures
+    assert (default.cache.max_entries, default.cache.max_bytes) == (512, 32 * 2**20)
+    limit = default.query("SELECT current_setting('memory_limit') AS m")[0]["m"]
+    assert limit == "953.6 MiB"  # 1 GB
 
 
 def test_refreshes_leave_a_bounded_cache_folder(tmp_path: Path) -> None:
