@@ -180,6 +180,37 @@ def bench_search(data: str, cache: str, lines: list[str]) -> None:
     ]
 
 
+def bench_first_start(data: str, tmp: str, lines: list[str]) -> None:
+    """A first start with nothing cached: the compacted copy, then the search index, built
+    inside the serving process; its peak RSS, and a list query every 5 s meanwhile."""
+    t0 = time.perf_counter()
+    proc, base, ready = start(["--from", "parquet", "--path", data, "--cache-dir",
+                               os.path.join(tmp, "first-start")])  # fmt: skip
+    compacted, lists = None, []
+    try:
+        while True:
+            run = _get(base, "api/runs")[1]["runs"][0]
+            if compacted is None and run["compacted"]:
+                compacted = time.perf_counter() - t0
+            if run["search"] != "building":
+                break
+            lists.append(_get(base, "api/list", [("step", "3:5"), ("sort", "-reward"),
+                                                 ("size", 50)])[0])  # fmt: skip
+            time.sleep(5)
+        searchable = time.perf_counter() - t0
+        hwm = _rss_mb(proc.pid)[1]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    lines += [
+        f"| first start, nothing cached: ready / compacted copy in use / search {run['search']} "
+        f"| {ready:.1f} s / {compacted or 0:.0f} s / {searchable:.0f} s |",
+        f"| the server's peak RSS over that first start | {hwm / 1024:.2f} GB |",
+        f"| filter + sort + page of 50 during those builds (one every 5 s) | median "
+        f"{_p(lists, .5) * 1e3:.0f} ms, max {max(lists, default=0) * 1e3:.0f} ms |",
+    ]
+
+
 def bench_mlflow(n: int, tmp: str, lines: list[str]) -> None:
     """n traces written into an MLflow sqlite store; listed and filtered by a tag page by page
     through MLflow's own ``search_traces`` vs the explorer (after its export). A store already
@@ -274,6 +305,8 @@ def main() -> None:
     p.add_argument("--mlflow-dir", default=None, help="folder of the MLflow store (reused "
                    "when a run already wrote it)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: explorer,search")
+    p.add_argument("--first-start", action="store_true", help="also time a first start with "
+                   "nothing cached (the copy and the index built while serving: minutes)")
     p.add_argument("--output", default=None, help="also write the table to this Markdown file "
                    "(benchmarks/RESULTS-explore.md is kept in RESULTS.md by benchmarks.run)")
     args = p.parse_args()
@@ -297,6 +330,8 @@ def main() -> None:
         bench_explorer(data, cache, steps, lines)
     if "search" not in skip:
         bench_search(data, cache, lines)
+    if args.first_start:
+        bench_first_start(data, tmp, lines)
     if args.mlflow_n:
         ml = args.mlflow_dir or os.path.join(tmp, "mlflow")
         os.makedirs(ml, exist_ok=True)
