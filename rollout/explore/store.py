@@ -63,14 +63,13 @@ class Store:
             raise ValueError("no export folder to explore")
         self.runs = {r.name: r for r in runs}
         self.threads, self.memory_limit = threads, memory_limit
-        # the footers of a million-trajectory export hold ~100k column chunks: parse them once,
-        # not on every query
-        # a bound on DuckDB's memory (its default is 80% of the machine's): the compacted
-        # copy's sorts spill to disk instead (8.7 GB peak RSS for a million trajectories
-        # without it)
+        # a bound on DuckDB's memory (its default is 80% of the machine's); the compacted
+        # copy's sorts spill to disk (8.7 GB peak RSS for a million trajectories without it)
         self._db = duckdb.connect(":memory:", config={"threads": threads,
                                                       "memory_limit": memory_limit})  # fmt: skip
         self._db.execute("LOAD parquet")
+        # the footers of a million-trajectory export hold ~100k column chunks: parse them once,
+        # not on every query
         self._db.execute("SET parquet_metadata_cache = true")
         self._lock = threading.Lock()
         self.cache = LRU(cache_entries, cache_bytes)
@@ -195,8 +194,9 @@ class Store:
         # trace_id made the sort read a million strings: 3-5x slower)
         order = parse_sort(sort, tiebreak="file_row_number")
         # late materialization: the sort reads only the filter and sort columns; the page's
-        # other columns are read for its rows alone (DuckDB skips the other row groups by
-        # their row numbers; DuckDB's own late materialization stops at large offsets)
+        # other columns are read for its rows alone: slices of the compacted copy's mapped
+        # Arrow file, else DuckDB by row number (its own late materialization stops at large
+        # offsets)
         keys = self.query(f"SELECT file_row_number AS rn FROM {t} WHERE {where.sql} ORDER "
                           f"BY {order} LIMIT ? OFFSET ?",
                           [*where.params, size, page * size])  # fmt: skip
