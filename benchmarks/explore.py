@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -311,34 +312,37 @@ def main() -> None:
                    "(benchmarks/RESULTS-explore.md is kept in RESULTS.md by benchmarks.run)")
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="explore-bench-")
-    data = args.data or os.path.join(tmp, "data")
-    cache = args.cache or os.path.join(tmp, "cache")
-    lines = [f"| action ({args.n:,} trajectories, {3 * args.n:,} turns, {3 * args.n:,} tool "
-             "calls) | figure |", "|---|---|"]  # fmt: skip
-    if not os.path.exists(os.path.join(data, "trajectories.parquet")):
-        from benchmarks.explore_data import generate
+    try:
+        data = args.data or os.path.join(tmp, "data")
+        cache = args.cache or os.path.join(tmp, "cache")
+        lines = [f"| action ({args.n:,} trajectories, {3 * args.n:,} turns, {3 * args.n:,} tool "
+                 "calls) | figure |", "|---|---|"]  # fmt: skip
+        if not os.path.exists(os.path.join(data, "trajectories.parquet")):
+            from benchmarks.explore_data import generate
 
-        t0 = time.perf_counter()
-        generate(data, args.n, tokens_per_turn=args.tokens_per_turn, progress=True)
-        lines.append(f"| generate the set (benchmarks/explore_data.py) | "
-                     f"{time.perf_counter() - t0:.0f} s |")  # fmt: skip
-    size = sum(f.stat().st_size for f in Path(data).glob("*.parquet"))
-    lines.append(f"| Parquet on disk (4 tables, zstd) | {size / 1e9:.2f} GB |")
-    steps = max(1, min(100, args.n // 400))
-    skip = set(args.skip.split(","))
-    if "explorer" not in skip:
-        bench_explorer(data, cache, steps, lines)
-    if "search" not in skip:
-        bench_search(data, cache, lines)
-    if args.first_start:
-        bench_first_start(data, tmp, lines)
-    if args.mlflow_n:
-        ml = args.mlflow_dir or os.path.join(tmp, "mlflow")
-        os.makedirs(ml, exist_ok=True)
-        bench_mlflow(args.mlflow_n, ml, lines)
-    print("\n".join(lines))
-    if args.output:
-        Path(args.output).write_text("\n".join(lines) + "\n")
+            t0 = time.perf_counter()
+            generate(data, args.n, tokens_per_turn=args.tokens_per_turn, progress=True)
+            lines.append(f"| generate the set (benchmarks/explore_data.py) | "
+                         f"{time.perf_counter() - t0:.0f} s |")  # fmt: skip
+        size = sum(f.stat().st_size for f in Path(data).glob("*.parquet"))
+        lines.append(f"| Parquet on disk (4 tables, zstd) | {size / 1e9:.2f} GB |")
+        steps = max(1, min(100, args.n // 400))
+        skip = set(args.skip.split(","))
+        if "explorer" not in skip:
+            bench_explorer(data, cache, steps, lines)
+        if "search" not in skip:
+            bench_search(data, cache, lines)
+        if args.first_start:
+            bench_first_start(data, tmp, lines)
+        if args.mlflow_n:
+            ml = args.mlflow_dir or os.path.join(tmp, "mlflow")
+            os.makedirs(ml, exist_ok=True)
+            bench_mlflow(args.mlflow_n, ml, lines)
+        print("\n".join(lines))
+        if args.output:
+            Path(args.output).write_text("\n".join(lines) + "\n")
+    finally:  # what this run made and was not told to keep (GBs: data, caches, stores)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
