@@ -155,3 +155,20 @@ def test_concurrent_requests_get_the_same_answers(stores: Any) -> None:
                                                        None)["rows"], range(8)))  # fmt: skip
     _same(together, alone)
     _same(paged, pages)
+
+
+def test_a_closing_store_stops_its_background_work(tmp_path: Path) -> None:
+    folder = make_export(tmp_path / "run", 200, seed=5)
+    store = Store([Run("run", str(folder), set())])
+    store.close()  # as on Ctrl-C: the copy and the index stop at their next check
+    with pytest.raises(InterruptedError):
+        store.compact("run", str(tmp_path / "cache"))
+    with pytest.raises(InterruptedError):
+        SearchIndex(str(folder), str(tmp_path / "cache")).open_or_build(stop=store.stop)
+    assert not [n for n in os.listdir(tmp_path / "cache" / "compact") if not
+                n.endswith(".building")]  # fmt: skip
+    again = Store([Run("run", str(folder), set())])  # the next start builds them whole
+    again.compact("run", str(tmp_path / "cache"))
+    assert again.trajectory(None, again.list_page({}, None, 0, 1, None, None)["rows"][0][
+        "trace_id"])["turns"]  # fmt: skip
+    assert SearchIndex(str(folder), str(tmp_path / "cache")).open_or_build()["docs"] > 0

@@ -46,10 +46,13 @@ def quote(path: str) -> str:
     return "'" + path.replace("'", "''") + "'"
 
 
-def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str) -> None:
+def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str,
+          stop: threading.Event | None = None,
+          running: set[Any] | None = None) -> None:  # fmt: skip
     """Write the compacted copy of the export folder ``src`` into ``out`` (atomically: a
     ``.building`` folder renamed when complete), with a DuckDB connection of its own whose
-    sorts spill into that folder beyond ``memory_limit``."""
+    sorts spill into that folder beyond ``memory_limit``. ``stop`` ends it early (InterruptedError);
+    the connection sits in ``running`` meanwhile, so a closing server can interrupt it."""
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -59,9 +62,17 @@ def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str)
     os.makedirs(tmp)
     cur = duckdb.connect(":memory:", config={"threads": threads, "memory_limit": memory_limit,
                                              "temp_directory": os.path.join(tmp, "spill")})
+    running = running if running is not None else set()
+    running.add(cur)
+
+    def check() -> None:
+        if stop is not None and stop.is_set():
+            raise InterruptedError("the explorer is stopping")
+
     try:
 
         def copy(select: str, name: str) -> None:
+            check()
             to = quote(os.path.join(tmp, name + ".parquet"))
             cur.execute(f"COPY ({select}) TO {to} (FORMAT parquet, COMPRESSION zstd, "
                         f"ROW_GROUP_SIZE {ROW_GROUPS[name]})")  # fmt: skip
@@ -77,6 +88,7 @@ def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str)
         row = cur.execute(f"SELECT count(*), min(reward), max(reward) FROM {traj})").fetchone()
         n, lo, hi = row if row is not None else (0, None, None)
     finally:
+        running.discard(cur)
         cur.close()
     shutil.rmtree(os.path.join(tmp, "spill"), ignore_errors=True)
     # DuckDB's writer does not go below its own chunk size; pyarrow writes exactly these
@@ -85,12 +97,14 @@ def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str)
     with pq.ParquetWriter(os.path.join(tmp, "rows.parquet"), f.schema_arrow,
                           compression="zstd") as w:  # fmt: skip
         for batch in f.iter_batches(batch_size=size):
+            check()
             w.write_batch(batch, row_group_size=size)
     short = [n for n in f.schema_arrow.names if n not in LONG]
     schema = f.schema_arrow
     with pa.OSFile(os.path.join(tmp, "rows.arrow"), "wb") as sink, \
             pa.ipc.new_file(sink, pa.schema([schema.field(n) for n in short])) as ipc:  # fmt: skip
         for batch in f.iter_batches(batch_size=size, columns=short):
+            check()
             ipc.write_batch(batch)
     with open(os.path.join(tmp, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump({"version": VERSION, "trajectories": n, "reward_lo": lo, "reward_hi": hi}, fh)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,19 +88,22 @@ class SearchIndex:
     def ready(self) -> bool:
         return self.index is not None
 
-    def open_or_build(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Open the index, building it first if this export has none yet."""
+    def open_or_build(self, progress: Callable[[int], None] | None = None,
+                      stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
+        """Open the index, building it first if this export has none yet (``stop`` ends a
+        build early: InterruptedError)."""
         import tantivy
 
         meta = os.path.join(self.dir, "built.json")
         if not os.path.exists(meta):
-            self._build(progress)
+            self._build(progress, stop)
         with open(meta, encoding="utf-8") as f:
             self.info = json.load(f)
         self.index = tantivy.Index.open(self.dir)
         return self.info
 
-    def _build(self, progress: Callable[[int], None] | None) -> None:
+    def _build(self, progress: Callable[[int], None] | None,
+               stop: threading.Event | None = None) -> None:  # fmt: skip
         import tantivy
 
         tmp = self.dir + ".building"
@@ -119,8 +123,11 @@ class SearchIndex:
                 doc.add_integer("index", idx)
             writer.add_document(doc)
             docs += 1
-            if progress is not None and docs % 10_000 == 0:
-                progress(10_000)
+            if docs % 10_000 == 0:
+                _check(stop)
+                if progress is not None:
+                    progress(10_000)
+        _check(stop)
         writer.commit()
         writer.wait_merging_threads()
         size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
@@ -171,6 +178,11 @@ class SearchIndex:
                          "index": _first(doc, "index"), "fragment": fragment,
                          "highlighted": _char_ranges(fragment, snip.highlighted())})  # fmt: skip
         return {"q": q, "total": result.count, "page": page, "size": size, "hits": hits}
+
+
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise InterruptedError("the explorer is stopping")
 
 
 def _first(doc: Any, name: str) -> Any:

@@ -64,11 +64,15 @@ class Explorer:
                 try:
                     self.store.compact(name, cache_dir)
                 except Exception as exc:  # the original files keep serving
+                    if self.store.stop.is_set():
+                        return
                     log.warning("compacting run %s failed: %s", name, exc)
         for name, index in self.indexes.items():
             try:
-                index.open_or_build(progress)
+                index.open_or_build(progress, self.store.stop)
             except Exception as exc:  # the list and every other view keep working
+                if self.store.stop.is_set():
+                    return
                 self.index_errors[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("search index of run %s failed: %s", name, exc)
         if cache_dir:

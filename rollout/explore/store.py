@@ -72,6 +72,8 @@ class Store:
         # not on every query
         self._db.execute("SET parquet_metadata_cache = true")
         self._lock = threading.Lock()
+        self.stop = threading.Event()  # set by close(): background work ends early
+        self._building: set[Any] = set()  # connections of compactions under way
         self.cache = LRU(cache_entries, cache_bytes)
         # per run (a fixed set): the open Parquet files of its compacted copy or export
         self._files: dict[str, dict[str, Any]] = {}
@@ -106,7 +108,8 @@ class Store:
         folder = os.path.join(cache_dir, "compact")
         out = os.path.join(folder, signature(run.path) + f"-v{compacted.VERSION}")
         if not os.path.exists(os.path.join(out, "summary.json")):
-            compacted.build(run.path, run.tables, out, self.threads, self.memory_limit)
+            compacted.build(run.path, run.tables, out, self.threads, self.memory_limit,
+                            self.stop, self._building)  # fmt: skip
         touch(out)
         run.data = out
         self._attach(run)
@@ -117,6 +120,14 @@ class Store:
         prune_folder(folder, {os.path.basename(r.data) for r in self.runs.values() if r.data},
                      KEEP_COMPACTED)  # fmt: skip
         return out
+
+    def close(self) -> None:
+        """Stop background work: a compaction under way is interrupted (its folder stays
+        ``.building``, rebuilt next time), and so is any running query."""
+        self.stop.set()
+        for con in list(self._building):
+            con.interrupt()
+        self._db.interrupt()
 
     def repoint(self, name: str, path: str) -> None:
         """Serve run ``name`` from the export folder ``path`` from now on (a refresh)."""
