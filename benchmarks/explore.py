@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,15 +104,20 @@ def bench_explorer(data: str, cache: str, steps: int, lines: list[str]) -> None:
         while not _get(base, "api/runs")[1]["runs"][0]["compacted"]:
             time.sleep(1)  # the once-per-export copy with large row groups (cached)
         compacted = time.perf_counter() - t0 + ready
-        times = []
+        times, fresh = [], []
         ids = []
-        for q in list_queries(rng, steps):
+        queries = list_queries(rng, steps)
+        for q in queries:
             dt, body = _get(base, "api/list", q)
             times.append(dt)
             ids += [(r["trace_id"], r["step"]) for r in body["rows"][:2]]
-        picks = rng.sample(ids, 20)
-        opens = [_get(base, "api/trajectory", [("id", i), ("step", s)])[0] for i, s in picks]
-        bare = [_get(base, "api/trajectory", [("id", i)])[0] for i, _ in picks[:5]]
+        for i, q in enumerate(queries):
+            # the same query with a condition true of every row and new to the server: no
+            # count or histogram from its cache
+            fresh.append(_get(base, "api/list", [*q, ("f", f"latency_ms<{10**9 + i}")])[0])
+        picks = rng.sample(ids, 40)
+        opens = [_get(base, "api/trajectory", [("id", i), ("step", s)])[0] for i, s in picks[:20]]
+        bare = [_get(base, "api/trajectory", [("id", i)])[0] for i, _ in picks[20:]]
         groups = [_get(base, "api/groups", [("step", rng.randint(1, steps))])[0] for _ in range(10)]
         rss, hwm = _rss_mb(proc.pid)
     finally:
@@ -125,9 +131,11 @@ def bench_explorer(data: str, cache: str, steps: int, lines: list[str]) -> None:
         f"({hwm:.0f} MB) |",
         f"| filter + sort + page of 50, with count and reward histogram (40 queries) | p50 "
         f"{_p(times, .5) * 1e3:.0f} ms, p95 {_p(times, .95) * 1e3:.0f} ms |",
+        f"| the same 40, each filter new to the server's cache | p50 "
+        f"{_p(fresh, .5) * 1e3:.0f} ms, p95 {_p(fresh, .95) * 1e3:.0f} ms |",
         f"| open one trajectory with turns, tool calls, tokens, by id and step as the page "
         f"does (20) | p50 {_p(opens, .5) * 1e3:.0f} ms, p95 {_p(opens, .95) * 1e3:.0f} ms |",
-        f"| the same by id alone (a scan of every trace id; 5) | p50 "
+        f"| the same by id alone (20 others) | p50 "
         f"{_p(bare, .5) * 1e3:.0f} ms, p95 {_p(bare, .95) * 1e3:.0f} ms |",
         f"| a step's GRPO groups, page of 20 (10) | p50 {_p(groups, .5) * 1e3:.0f} ms, "
         f"p95 {_p(groups, .95) * 1e3:.0f} ms |",
@@ -173,9 +181,41 @@ def bench_search(data: str, cache: str, lines: list[str]) -> None:
     ]
 
 
+def bench_first_start(data: str, tmp: str, lines: list[str]) -> None:
+    """A first start with nothing cached: the compacted copy, then the search index, built
+    inside the serving process; its peak RSS, and a list query every 5 s meanwhile."""
+    t0 = time.perf_counter()
+    proc, base, ready = start(["--from", "parquet", "--path", data, "--cache-dir",
+                               os.path.join(tmp, "first-start")])  # fmt: skip
+    compacted, lists = None, []
+    try:
+        while True:
+            run = _get(base, "api/runs")[1]["runs"][0]
+            if compacted is None and run["compacted"]:
+                compacted = time.perf_counter() - t0
+            if run["search"] != "building":
+                break
+            lists.append(_get(base, "api/list", [("step", "3:5"), ("sort", "-reward"),
+                                                 ("size", 50)])[0])  # fmt: skip
+            time.sleep(5)
+        searchable = time.perf_counter() - t0
+        hwm = _rss_mb(proc.pid)[1]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    lines += [
+        f"| first start, nothing cached: ready / compacted copy in use / search {run['search']} "
+        f"| {ready:.1f} s / {compacted or 0:.0f} s / {searchable:.0f} s |",
+        f"| the server's peak RSS over that first start | {hwm / 1024:.2f} GB |",
+        f"| filter + sort + page of 50 during those builds (one every 5 s) | median "
+        f"{_p(lists, .5) * 1e3:.0f} ms, max {max(lists, default=0) * 1e3:.0f} ms |",
+    ]
+
+
 def bench_mlflow(n: int, tmp: str, lines: list[str]) -> None:
     """n traces written into an MLflow sqlite store; listed and filtered by a tag page by page
-    through MLflow's own ``search_traces`` vs the explorer (after its export)."""
+    through MLflow's own ``search_traces`` vs the explorer (after its export). A store already
+    in ``tmp`` (``--mlflow-dir``, from an earlier run) is reused, not written again."""
     sys.path.insert(0, str(ROOT))
     from mlflow.tracking import MlflowClient
 
@@ -186,11 +226,14 @@ def bench_mlflow(n: int, tmp: str, lines: list[str]) -> None:
     uri = f"sqlite:///{tmp}/mlflow.db"
     exporter = MlflowExporter(tracer.TraceConfig(backend="mlflow", tracking_uri=uri,
                                                  project_name="big"))  # fmt: skip
+    reused = os.path.exists(f"{tmp}/written")
     t0 = time.perf_counter()
-    for i in range(0, n, 2000):
-        exporter.export(_shift(_records(min(2000, n - i)), i))
+    if not reused:
+        for i in range(0, n, 2000):
+            exporter.export(_shift(_records(min(2000, n - i)), i))
+        Path(f"{tmp}/written").write_text(f"{n} {time.perf_counter() - t0:.0f}\n")
     exporter.shutdown()
-    write_s = time.perf_counter() - t0
+    write_s = float(Path(f"{tmp}/written").read_text().split()[1])
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("big").experiment_id
 
@@ -228,7 +271,7 @@ def bench_mlflow(n: int, tmp: str, lines: list[str]) -> None:
         proc.wait(30)
     lines += [
         f"| {n:,} traces written to an MLflow sqlite store (the tracer's bulk writer) | "
-        f"{write_s:.0f} s |",
+        f"{write_s:.0f} s{' (an earlier run)' if reused else ''} |",
         f"| MLflow `search_traces`, every trace, pages of 500 | {ml_all[0]:.1f} s "
         f"({ml_all[2]:,} traces; first page {ml_all[1] * 1e3:.0f} ms) |",
         f"| MLflow `search_traces`, `tags.step = '3'`, pages of 500 | {ml_tag[0]:.2f} s "
@@ -260,35 +303,46 @@ def main() -> None:
     p.add_argument("--cache", default=None, help="the explorer's cache folder")
     p.add_argument("--tokens-per-turn", type=int, default=8)
     p.add_argument("--mlflow-n", type=int, default=100_000, help="0: skip the MLflow part")
+    p.add_argument("--mlflow-dir", default=None, help="folder of the MLflow store (reused "
+                   "when a run already wrote it)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: explorer,search")
+    p.add_argument("--first-start", action="store_true", help="also time a first start with "
+                   "nothing cached (the copy and the index built while serving: minutes)")
     p.add_argument("--output", default=None, help="also write the table to this Markdown file "
                    "(benchmarks/RESULTS-explore.md is kept in RESULTS.md by benchmarks.run)")
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="explore-bench-")
-    data = args.data or os.path.join(tmp, "data")
-    cache = args.cache or os.path.join(tmp, "cache")
-    lines = [f"| action ({args.n:,} trajectories, {3 * args.n:,} turns, {3 * args.n:,} tool "
-             "calls) | figure |", "|---|---|"]  # fmt: skip
-    if not os.path.exists(os.path.join(data, "trajectories.parquet")):
-        from benchmarks.explore_data import generate
+    try:
+        data = args.data or os.path.join(tmp, "data")
+        cache = args.cache or os.path.join(tmp, "cache")
+        lines = [f"| action ({args.n:,} trajectories, {3 * args.n:,} turns, {3 * args.n:,} tool "
+                 "calls) | figure |", "|---|---|"]  # fmt: skip
+        if not os.path.exists(os.path.join(data, "trajectories.parquet")):
+            from benchmarks.explore_data import generate
 
-        t0 = time.perf_counter()
-        generate(data, args.n, tokens_per_turn=args.tokens_per_turn, progress=True)
-        lines.append(f"| generate the set (benchmarks/explore_data.py) | "
-                     f"{time.perf_counter() - t0:.0f} s |")  # fmt: skip
-    size = sum(f.stat().st_size for f in Path(data).glob("*.parquet"))
-    lines.append(f"| Parquet on disk (4 tables, zstd) | {size / 1e9:.2f} GB |")
-    steps = max(1, min(100, args.n // 400))
-    skip = set(args.skip.split(","))
-    if "explorer" not in skip:
-        bench_explorer(data, cache, steps, lines)
-    if "search" not in skip:
-        bench_search(data, cache, lines)
-    if args.mlflow_n:
-        bench_mlflow(args.mlflow_n, tmp, lines)
-    print("\n".join(lines))
-    if args.output:
-        Path(args.output).write_text("\n".join(lines) + "\n")
+            t0 = time.perf_counter()
+            generate(data, args.n, tokens_per_turn=args.tokens_per_turn, progress=True)
+            lines.append(f"| generate the set (benchmarks/explore_data.py) | "
+                         f"{time.perf_counter() - t0:.0f} s |")  # fmt: skip
+        size = sum(f.stat().st_size for f in Path(data).glob("*.parquet"))
+        lines.append(f"| Parquet on disk (4 tables, zstd) | {size / 1e9:.2f} GB |")
+        steps = max(1, min(100, args.n // 400))
+        skip = set(args.skip.split(","))
+        if "explorer" not in skip:
+            bench_explorer(data, cache, steps, lines)
+        if "search" not in skip:
+            bench_search(data, cache, lines)
+        if args.first_start:
+            bench_first_start(data, tmp, lines)
+        if args.mlflow_n:
+            ml = args.mlflow_dir or os.path.join(tmp, "mlflow")
+            os.makedirs(ml, exist_ok=True)
+            bench_mlflow(args.mlflow_n, ml, lines)
+        print("\n".join(lines))
+        if args.output:
+            Path(args.output).write_text("\n".join(lines) + "\n")
+    finally:  # what this run made and was not told to keep (GBs: data, caches, stores)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -49,10 +49,14 @@ def test_list_filters_sorts_and_pages(served: dict[str, Any]) -> None:
                        cols="latency_ms,step")  # fmt: skip
     assert status == 200, body
     assert body["total"] == len(want)
-    by_latency = sorted(want, key=lambda r: (-r["latency_ms"], r["trace_id"]))
+    by_latency = sorted(want, key=lambda r: -r["latency_ms"])  # ties: in the export's order
     assert [r["trace_id"] for r in body["rows"]] == [r["trace_id"] for r in by_latency[7:14]]
     assert body["columns"] == ["trace_id", "latency_ms", "step"]
     assert sum(b["count"] for b in body["histogram"]) == len(want)
+    # the bins divide the run's whole reward range: the selection's are among the run's
+    whole = get(served["base"], "api/list", size=1)[1]["histogram"]
+    assert {b["lo"] for b in body["histogram"]} <= {b["lo"] for b in whole}
+    assert whole[0]["lo"] == min(r["reward"] for r in rows)
 
 
 def test_list_other_filters(served: dict[str, Any]) -> None:

@@ -50,16 +50,24 @@ def _export_key(args: argparse.Namespace) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def export_source(args: argparse.Namespace, out: str) -> Any:
-    """Export the source into ``out`` with a progress bar; returns the export's summary."""
+def export_source(args: argparse.Namespace, out: str,
+                  stop: threading.Event | None = None) -> Any:  # fmt: skip
+    """Export the source into ``out`` with a progress bar; returns the export's summary.
+    ``stop`` ends it early, after a page (InterruptedError)."""
     from tqdm import tqdm
 
     from tracer.readers import export
 
     tmp = out + ".part"
     bar = tqdm(desc=f"exporting {args.source}", unit="traj", disable=args.no_progress)
+
+    def on_page(n: int) -> None:
+        if stop is not None and stop.is_set():
+            raise InterruptedError("the explorer is stopping")
+        bar.update(n)
+
     try:
-        summary = export(args.source, tmp, on_page=bar.update, **_source_kwargs(args))
+        summary = export(args.source, tmp, on_page=on_page, **_source_kwargs(args))
     finally:
         bar.close()
     if os.path.isdir(out):
@@ -125,10 +133,12 @@ def cmd_explore(args: argparse.Namespace) -> int:
     explorer = server.RequestHandlerClass.explorer  # type: ignore[attr-defined]
     if not args.no_search:
         explorer.indexes = {r.name: SearchIndex(r.path, cache) for r in runs}
-    threading.Thread(target=_build_indexes, args=(explorer, cache), daemon=True).start()
+    workers = [threading.Thread(target=_build_indexes, args=(explorer, cache), daemon=True)]
     if exported and args.refresh > 0:
-        threading.Thread(target=_refresh_loop, args=(args, explorer, runs[0], cache),
-                         daemon=True).start()  # fmt: skip
+        workers.append(threading.Thread(target=_refresh_loop, daemon=True,
+                                        args=(args, explorer, runs[0], cache)))  # fmt: skip
+    for worker in workers:
+        worker.start()
     host, port = str(server.server_address[0]), server.server_address[1]
     print(f"explore {', '.join(r.name for r in runs)}: http://{host}:{port}/ "
           f"(ready in {time.perf_counter() - t0:.1f} s; Ctrl-C stops)", flush=True)
@@ -138,6 +148,12 @@ def cmd_explore(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
+        # the builders and the refresh stop at their next check; the interpreter must not
+        # exit under them while they are inside DuckDB or Arrow (a daemon thread stopped in
+        # C++ code at exit aborts the process)
+        store.close()
+        for worker in workers:
+            worker.join(timeout=60)
     return 0
 
 
@@ -156,21 +172,24 @@ def _refresh_loop(args: argparse.Namespace, explorer: Any, run: Any, cache: str)
     from rollout.explore.search import SearchIndex
 
     args.no_progress = True
-    while True:
-        time.sleep(args.refresh)
+    stop = explorer.store.stop
+    while not stop.wait(args.refresh):
         try:
             fresh = run.path + f".v{time.time_ns()}"
-            export_source(args, fresh)
+            export_source(args, fresh, stop)
             old = run.path
             explorer.store.repoint(run.name, fresh)
             explorer.store.compact(run.name, cache)
             if run.name in explorer.indexes:
                 index = SearchIndex(fresh, cache)
-                index.open_or_build()
+                index.open_or_build(stop=stop)
                 explorer.indexes[run.name] = index
+                explorer.prune_indexes(cache)
             if old != fresh and ".v" in os.path.basename(old):
                 import shutil
 
                 shutil.rmtree(old, ignore_errors=True)
         except Exception as exc:  # a failed refresh keeps the last good tables
+            if stop.is_set():
+                return
             print(f"rollout-tracer explore: refresh failed: {exc}", file=sys.stderr, flush=True)

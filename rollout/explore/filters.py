@@ -165,14 +165,14 @@ def parse_filters(query: dict[str, list[str]]) -> Where:
     return w
 
 
-def parse_sort(raw: str | None) -> str:
-    """``reward`` / ``-reward`` (descending) -> an ORDER BY clause, trace_id breaking ties so
-    pages never overlap."""
+def parse_sort(raw: str | None, tiebreak: str = "trace_id") -> str:
+    """``reward`` / ``-reward`` (descending) -> an ORDER BY clause, ``tiebreak`` (a unique
+    column) breaking ties so pages never overlap."""
     if not raw:
-        return "step, sample_index, rollout_n, trace_id"
+        return f"step, sample_index, rollout_n, {tiebreak}"
     desc = raw.startswith("-")
     col = _column(raw.lstrip("-+"))
-    return f"{col} {'DESC' if desc else 'ASC'} NULLS LAST, trace_id"
+    return f"{col} {'DESC' if desc else 'ASC'} NULLS LAST, {tiebreak}"
 
 
 def parse_columns(raw: str | None, default: list[str]) -> list[str]:

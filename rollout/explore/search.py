@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,12 +24,12 @@ from rollout.explore.filters import ApiError
 
 KINDS = ("prompt", "response", "arguments", "result")
 MAX_QUERY_CHARS = 500
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 
 
 def signature(path: str) -> str:
     """Changes whenever the export's Parquet files do (size and modification time)."""
-    parts = [f"v{INDEX_VERSION}", os.path.abspath(path)]
+    parts = [os.path.abspath(path)]
     for name in ("trajectories", "turns", "tool_calls"):
         st = os.stat(os.path.join(path, f"{name}.parquet"))
         parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
@@ -39,9 +40,10 @@ def _schema() -> Any:
     import tantivy
 
     b = tantivy.SchemaBuilder()
-    b.add_text_field("trace_id", stored=True, tokenizer_name="raw")
+    # ids and kinds are matched whole: no term frequencies or positions to write
+    b.add_text_field("trace_id", stored=True, tokenizer_name="raw", index_option="basic")
     b.add_integer_field("step", stored=True, indexed=True, fast=True)
-    b.add_text_field("kind", stored=True, tokenizer_name="raw")
+    b.add_text_field("kind", stored=True, tokenizer_name="raw", index_option="basic")
     b.add_integer_field("index", stored=True)
     b.add_text_field("text", stored=True)
     return b.build()
@@ -79,26 +81,29 @@ class SearchIndex:
 
     def __init__(self, path: str, cache_dir: str) -> None:
         self.path = path
-        self.dir = os.path.join(cache_dir, "search", signature(path))
+        self.dir = os.path.join(cache_dir, "search", f"{signature(path)}-v{INDEX_VERSION}")
         self.index: Any = None
         self.info: dict[str, Any] = {}
 
     def ready(self) -> bool:
         return self.index is not None
 
-    def open_or_build(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Open the index, building it first if this export has none yet."""
+    def open_or_build(self, progress: Callable[[int], None] | None = None,
+                      stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
+        """Open the index, building it first if this export has none yet (``stop`` ends a
+        build early: InterruptedError)."""
         import tantivy
 
         meta = os.path.join(self.dir, "built.json")
         if not os.path.exists(meta):
-            self._build(progress)
+            self._build(progress, stop)
         with open(meta, encoding="utf-8") as f:
             self.info = json.load(f)
         self.index = tantivy.Index.open(self.dir)
         return self.info
 
-    def _build(self, progress: Callable[[int], None] | None) -> None:
+    def _build(self, progress: Callable[[int], None] | None,
+               stop: threading.Event | None = None) -> None:  # fmt: skip
         import tantivy
 
         tmp = self.dir + ".building"
@@ -106,7 +111,9 @@ class SearchIndex:
         os.makedirs(tmp)
         t0 = time.perf_counter()
         index = tantivy.Index(_schema(), path=tmp)
-        writer = index.writer(heap_size=256_000_000, num_threads=2)
+        # the build runs inside the server: a smaller heap keeps its peak memory down, at no
+        # measurable cost in time (benchmarks/RESULTS.md section 10)
+        writer = index.writer(heap_size=128_000_000, num_threads=2)
         docs = 0
         for tid, step, kind, idx, text in _documents(self.path):
             doc = tantivy.Document(trace_id=tid, kind=kind, text=text)
@@ -116,8 +123,11 @@ class SearchIndex:
                 doc.add_integer("index", idx)
             writer.add_document(doc)
             docs += 1
-            if progress is not None and docs % 10_000 == 0:
-                progress(10_000)
+            if docs % 10_000 == 0:
+                _check(stop)
+                if progress is not None:
+                    progress(10_000)
+        _check(stop)
         writer.commit()
         writer.wait_merging_threads()
         size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
@@ -168,6 +178,11 @@ class SearchIndex:
                          "index": _first(doc, "index"), "fragment": fragment,
                          "highlighted": _char_ranges(fragment, snip.highlighted())})  # fmt: skip
         return {"q": q, "total": result.count, "page": page, "size": size, "hits": hits}
+
+
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise InterruptedError("the explorer is stopping")
 
 
 def _first(doc: Any, name: str) -> Any:

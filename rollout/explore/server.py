@@ -3,8 +3,9 @@
     GET /api/runs                      the runs (export folders) served, with counts
     GET /api/list?step=3:7&reward=0:0.5&flag=truncated&sort=-reward&page=0&size=50&cols=...
                                        a page of trajectories, the total count, the reward
-                                       histogram of the selection (filters: rollout/explore/
-                                       filters.py)
+                                       histogram of the selection (bins: the run's reward
+                                       range in 20, empty ends left out; filters:
+                                       rollout/explore/filters.py)
     GET /api/search?q=timeout&in=result&step=3&page=0&size=20
                                        hits in prompts, responses, tool arguments and results,
                                        with the highlighted fragment
@@ -26,6 +27,7 @@ unexpected failure is a 500 with its message, and the server keeps serving.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -34,9 +36,11 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
+from rollout.explore import across
+from rollout.explore.cache import prune_folder
 from rollout.explore.filters import ApiError, parse_int
 from rollout.explore.search import SearchIndex
-from rollout.explore.store import Store
+from rollout.explore.store import KEEP_COMPACTED, Store
 
 log = logging.getLogger(__name__)
 MAX_PAGE_SIZE = 500
@@ -60,13 +64,25 @@ class Explorer:
                 try:
                     self.store.compact(name, cache_dir)
                 except Exception as exc:  # the original files keep serving
+                    if self.store.stop.is_set():
+                        return
                     log.warning("compacting run %s failed: %s", name, exc)
         for name, index in self.indexes.items():
             try:
-                index.open_or_build(progress)
+                index.open_or_build(progress, self.store.stop)
             except Exception as exc:  # the list and every other view keep working
+                if self.store.stop.is_set():
+                    return
                 self.index_errors[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("search index of run %s failed: %s", name, exc)
+        if cache_dir:
+            self.prune_indexes(cache_dir)
+
+    def prune_indexes(self, cache_dir: str) -> list[str]:
+        """Delete the cache folder's search indexes beyond ``KEEP_COMPACTED`` besides those in
+        use (each export, and each refresh of one, has its own)."""
+        keep = {os.path.basename(ix.dir) for ix in self.indexes.values()}
+        return prune_folder(os.path.join(cache_dir, "search"), keep, KEEP_COMPACTED)
 
     def handle(self, path: str, query: dict[str, list[str]]) -> Any:
         route = ROUTES.get(path)
@@ -122,7 +138,8 @@ class Explorer:
 
     def _prompt(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
-        return self.store.prompt(_one(q, "run"), _one(q, "id"), _one(q, "prompt"), step)
+        return across.prompt(self.store, _one(q, "run"), _one(q, "id"), _one(q, "prompt"),
+                            step)  # fmt: skip
 
     def _steps(self, q: dict[str, list[str]]) -> Any:
         return {"steps": self.store.steps(_one(q, "run"))}
@@ -135,7 +152,7 @@ class Explorer:
                 raise ApiError("compare: give prompt=<text> or id=<trace id>, and step")
             row = self.store.locate(_one(q, "run"), _required(q, "id"))
             text, step = row["prompt"], row["step"] if _one(q, "step") is None else step
-        return self.store.compare(step, text)
+        return across.compare(self.store, step, text)
 
 
 def _one(q: dict[str, list[str]], name: str) -> str | None:

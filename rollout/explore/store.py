@@ -1,20 +1,23 @@
 """The explorer's queries: DuckDB views over one or more export folders (nothing is loaded into
 memory; each request reads what its page needs from the Parquet files).
 
-Lookups of one trajectory's turns, tool calls and tokens add its ``step`` to the ``trace_id``
-condition: an export writes its row groups in step order, so the step's min/max statistics let
-DuckDB skip every other row group (a random hex id alone cannot).
+Once an export's compacted copy is built (rollout/explore/compact.py), a list is two scans of
+its large row groups (the page's row numbers; count, mean and histogram in one aggregate, kept
+for repeated filters) and a read of the page's rows from small row groups; one trajectory is
+read with pyarrow from the row groups its (step, trace_id) falls in. Before that, the same
+answers come from DuckDB queries over the export's own files.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.explore import compact as compacted
+from rollout.explore.cache import LRU, prune_folder, touch
 from rollout.explore.filters import ApiError, Where, parse_columns, parse_filters, parse_sort
 
 TABLES = ("trajectories", "turns", "tool_calls", "tokens")
@@ -26,9 +29,12 @@ TOKEN_FIELDS = ("rollout_logprob", "train_logprob", "ref_logprob", "entropy", "m
 TRANSCRIPT_METRICS = ("rollout_logprob", "mismatch_kl", "ref_kl", "entropy")
 SIGN = {"rollout_logprob": -1.0}  # drawn as -log p, as in the report
 HIST_BINS = 20
-COMPACT_VERSION = 3
-MAX_PROMPT_ROWS = 400
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# in-memory answers kept (per-filter counts and histograms, steps, scales): bounded by both
+CACHE_ENTRIES = 512
+CACHE_BYTES = 32 * 2**20
+MEMORY_LIMIT = "1GB"  # DuckDB's, for the queries and the compacted copy's sorts
+# compacted copies kept in the cache folder besides those in use (older ones are deleted)
+KEEP_COMPACTED = 2
 
 
 @dataclass
@@ -44,28 +50,33 @@ class Run:
         return self.data or self.path
 
 
-def _quote(path: str) -> str:
-    return "'" + path.replace("'", "''") + "'"
-
-
 class Store:
     """Read-only queries over the runs' Parquet tables; one DuckDB connection, a cursor per
     request (DuckDB cursors are safe to use from one thread each)."""
 
-    def __init__(self, runs: list[Run], threads: int = 2) -> None:
+    def __init__(self, runs: list[Run], threads: int = 2, cache_entries: int = CACHE_ENTRIES,
+                 cache_bytes: int = CACHE_BYTES,
+                 memory_limit: str = MEMORY_LIMIT) -> None:  # fmt: skip
         import duckdb
 
         if not runs:
             raise ValueError("no export folder to explore")
         self.runs = {r.name: r for r in runs}
+        self.threads, self.memory_limit = threads, memory_limit
+        # a bound on DuckDB's memory (its default is 80% of the machine's); the compacted
+        # copy's sorts spill to disk (8.7 GB peak RSS for a million trajectories without it)
+        self._db = duckdb.connect(":memory:", config={"threads": threads,
+                                                      "memory_limit": memory_limit})  # fmt: skip
+        self._db.execute("LOAD parquet")
         # the footers of a million-trajectory export hold ~100k column chunks: parse them once,
         # not on every query
-        self._db = duckdb.connect(":memory:", config={"threads": threads})
-        self._db.execute("LOAD parquet")
         self._db.execute("SET parquet_metadata_cache = true")
         self._lock = threading.Lock()
-        self._cache: dict[tuple[Any, ...], Any] = {}
-        self._files: dict[str, tuple[Any, list[int]]] = {}
+        self.stop = threading.Event()  # set by close(): background work ends early
+        self._building: set[Any] = set()  # connections of compactions under way
+        self.cache = LRU(cache_entries, cache_bytes)
+        # per run (a fixed set): the open Parquet files of its compacted copy or export
+        self._files: dict[str, dict[str, Any]] = {}
         self._view = {run.name: f"r{i}" for i, run in enumerate(runs)}
         for run in runs:
             self._attach(run)
@@ -78,61 +89,54 @@ class Store:
                 tables.add(table)
                 rownum = ", file_row_number = true" if table == "trajectories" else ""
                 self._db.execute(f"CREATE OR REPLACE VIEW {self._view[run.name]}_{table} AS "
-                                 f"SELECT * FROM read_parquet({_quote(file)}{rownum})")  # fmt: skip
+                                 f"SELECT * FROM read_parquet({compacted.quote(file)}"
+                                 f"{rownum})")  # fmt: skip
             elif table != "tokens":
                 raise FileNotFoundError(f"{file} is missing: is {run.path} an export folder?")
         run.tables = tables
         with self._lock:
             self._files.pop(run.name, None)
-            self._cache.clear()
+        self.cache.clear()
 
     def compact(self, name: str, cache_dir: str) -> str:
-        """Copy run ``name``'s tables into ``cache_dir`` with large row groups (same rows, same
-        order, so row numbers still match) and read them from there. An export writes one
-        row group per page of 500 trajectories; DuckDB pays per row group, and a million
-        trajectories in 2,000 of them make every query 10-30x slower. Done once per export."""
+        """Build run ``name``'s compacted copy in ``cache_dir`` (once per export; see
+        rollout/explore/compact.py) and read from it; older copies beyond
+        ``KEEP_COMPACTED`` are deleted."""
         from rollout.explore.search import signature
 
         run = self.runs[name]
-        out = os.path.join(cache_dir, "compact", signature(run.path) + f"-v{COMPACT_VERSION}")
-        if not os.path.exists(os.path.join(out, "done")):
-            tmp = out + ".building"
-            os.makedirs(tmp, exist_ok=True)
-            cur = self._db.cursor()
-            try:
-                cur.execute(f"SET temp_directory = {_quote(tmp)}")  # a sort may spill
-                for table in sorted(run.tables):
-                    src = os.path.join(run.path, f"{table}.parquet")
-                    # trajectories keep their order (row numbers); the per-trajectory tables
-                    # are sorted by (step, trace_id) in small row groups, so one trajectory's
-                    # rows are found in one row group by its min/max statistics
-                    order = "" if table == "trajectories" else " ORDER BY step, trace_id"
-                    cur.execute(f"COPY (SELECT * FROM read_parquet({_quote(src)}){order}) TO "
-                                f"{_quote(os.path.join(tmp, table + '.parquet'))} (FORMAT "
-                                "parquet, COMPRESSION zstd, ROW_GROUP_SIZE 16384)")  # fmt: skip
-            finally:
-                cur.execute("RESET temp_directory")
-                cur.close()
-            open(os.path.join(tmp, "done"), "w").close()
-            if os.path.isdir(out):
-                import shutil
-
-                shutil.rmtree(out)
-            os.replace(tmp, out)
+        folder = os.path.join(cache_dir, "compact")
+        out = os.path.join(folder, signature(run.path) + f"-v{compacted.VERSION}")
+        if not os.path.exists(os.path.join(out, "summary.json")):
+            compacted.build(run.path, run.tables, out, self.threads, self.memory_limit,
+                            self.stop, self._building)  # fmt: skip
+        touch(out)
         run.data = out
         self._attach(run)
+        for kind in ("rows", "mapped", "ids", *compacted.PER_TRAJECTORY):
+            self._file(name, kind)  # parse the footers now, not in the first request
+        if "tokens" in run.tables:
+            self.scales(name)
+        prune_folder(folder, {os.path.basename(r.data) for r in self.runs.values() if r.data},
+                     KEEP_COMPACTED)  # fmt: skip
         return out
+
+    def close(self) -> None:
+        """Stop background work: a compaction under way is interrupted (its folder stays
+        ``.building``, rebuilt next time), and so is any running query."""
+        self.stop.set()
+        for con in list(self._building):
+            con.interrupt()
+        self._db.interrupt()
 
     def repoint(self, name: str, path: str) -> None:
         """Serve run ``name`` from the export folder ``path`` from now on (a refresh)."""
         run = self.runs[name]
         run.path, run.data = path, None
         self._attach(run)
-        with self._lock:
-            self._cache.clear()
 
     # ---------------------------------------------------------------- plumbing
-    def _rows(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         cur = self._db.cursor()
         try:
             res = cur.execute(sql, list(params))
@@ -148,24 +152,48 @@ class Store:
         return f"{self._view[name]}_{table}"
 
     def _cached(self, key: tuple[Any, ...], make: Any) -> Any:
+        return self.cache.get(key, make)
+
+    def _file(self, run: str | None, kind: str) -> Any:
+        """Run ``run``'s open file ``kind``: ``rows`` (trajectories by row number), or, in a
+        compacted copy only (else None), ``ids`` and the per-trajectory tables by key."""
+        name = run or next(iter(self.runs))
+        r = self.runs[name]
         with self._lock:
-            if key in self._cache:
-                return self._cache[key]
-        value = make()
-        with self._lock:
-            self._cache[key] = value
-        return value
+            files = self._files.setdefault(name, {})
+            if kind not in files:
+                if kind == "rows":
+                    file = "rows" if r.data else "trajectories"
+                    files[kind] = compacted.Rows(os.path.join(r.folder, f"{file}.parquet"))
+                elif kind == "mapped":
+                    files[kind] = compacted.Mapped(os.path.join(r.data, "rows.arrow")) \
+                        if r.data else None  # fmt: skip
+                elif not r.data or (kind != "ids" and kind not in r.tables):
+                    files[kind] = None
+                else:
+                    keys = ("trace_id",) if kind == "ids" else ("step", "trace_id")
+                    files[kind] = compacted.Sorted(os.path.join(r.data, f"{kind}.parquet"), keys)
+            return files[kind]
 
     # ---------------------------------------------------------------- endpoints
     def run_list(self) -> list[dict[str, Any]]:
         return [{"name": r.name, "path": r.path, "compacted": r.data, "tables": sorted(r.tables),
-                 "trajectories": self._count(r.name), "mlflow": r.mlflow}
+                 "trajectories": self._summary(r.name)["trajectories"], "mlflow": r.mlflow}
                 for r in self.runs.values()]  # fmt: skip
 
-    def _count(self, run: str) -> int:
-        t = self.table(run, "trajectories")
-        return int(self._cached(("count", run), lambda: self._rows(
-            f"SELECT count(*) n FROM {t}")[0]["n"]))  # fmt: skip
+    def _summary(self, run: str | None) -> dict[str, Any]:
+        """Row count and reward range of the run: written with its compacted copy, else one
+        query (kept)."""
+        name = run or next(iter(self.runs))
+        r, t = self.runs[name], self.table(name, "trajectories")
+
+        def make() -> dict[str, Any]:
+            if r.data:
+                return compacted.summary(r.data)
+            row = self.query(f"SELECT count(*) n, min(reward) lo, max(reward) hi FROM {t}")[0]
+            return {"trajectories": row["n"], "reward_lo": row["lo"], "reward_hi": row["hi"]}
+
+        return dict(self._cached(("summary", name, r.folder), make))
 
     def list_page(self, query: dict[str, list[str]], run: str | None, page: int, size: int,
              sort: str | None, columns: str | None,
@@ -173,105 +201,126 @@ class Store:
         t = self.table(run, "trajectories")
         where = parse_filters(query)
         cols = parse_columns(columns, LIST_COLUMNS)
-        order = parse_sort(sort)
+        # ties keep the export's order (the row number: unique, and an integer, where
+        # trace_id made the sort read a million strings: 3-5x slower)
+        order = parse_sort(sort, tiebreak="file_row_number")
         # late materialization: the sort reads only the filter and sort columns; the page's
-        # other columns are read for its rows alone, from their row groups, with pyarrow
-        keys = self._rows(f"SELECT file_row_number AS rn FROM {t} WHERE {where.sql} ORDER "
+        # other columns are read for its rows alone: slices of the compacted copy's mapped
+        # Arrow file, else DuckDB by row number (its own late materialization stops at large
+        # offsets)
+        keys = self.query(f"SELECT file_row_number AS rn FROM {t} WHERE {where.sql} ORDER "
                           f"BY {order} LIMIT ? OFFSET ?",
                           [*where.params, size, page * size])  # fmt: skip
-        rows = self._by_row_numbers(run, cols, [int(k["rn"]) for k in keys])
+        numbers = [int(k["rn"]) for k in keys]
+        mapped = self._file(run, "mapped")
+        if mapped is not None and mapped.names.issuperset(cols):
+            rows = mapped.take(numbers, cols)
+        else:
+            rows = self._fetch(t, cols, numbers)
         out: dict[str, Any] = {"page": page, "size": size, "columns": cols, "rows": rows}
-        stats = self._rows(f"SELECT count(*) n, min(reward) lo, max(reward) hi, avg(reward) "
-                           f"mean FROM {t} WHERE {where.sql}", where.params)[0]  # fmt: skip
-        out["total"] = int(stats["n"])
-        out["reward_mean"] = stats["mean"]
+        stats = self._selection(run, t, where)
+        out["total"] = stats["total"]
+        out["reward_mean"] = stats["reward_mean"]
         if hist:
-            out["histogram"] = self._histogram(t, where, stats["lo"], stats["hi"])
+            out["histogram"] = stats["histogram"]
         return out
 
-    def _by_row_numbers(self, run: str | None, cols: list[str], numbers: list[int]) -> Any:
-        """The rows at these positions of the trajectories file, read with pyarrow from their
-        row groups only (one page touches at most ``size`` row groups)."""
-        import bisect
+    def _fetch(self, t: str, cols: list[str], numbers: list[int]) -> list[dict[str, Any]]:
+        """Rows of the trajectories view by row number, in that order."""
+        found = {r.pop("rn__"): r for r in self.query(
+            f"SELECT {_names(cols)}, file_row_number AS rn__ FROM {t} WHERE file_row_number "
+            f"IN ({', '.join('?' * len(numbers))})", numbers)} if numbers else {}  # fmt: skip
+        return [found[n] for n in numbers]
 
-        import pyarrow as pa
+    def _selection(self, run: str | None, t: str, where: Where) -> dict[str, Any]:
+        """Count, mean reward and reward histogram of a filter, in one scan, kept for the
+        filter's next page or sort. The bins divide the run's whole reward range (so
+        selections compare), less the empty ones at either end."""
+        info = self._summary(run)
+        lo, hi = info["reward_lo"], info["reward_hi"]
 
-        if not numbers:
-            return []
-        f, starts = self._file(run or next(iter(self.runs)))
-        groups = sorted({bisect.bisect_right(starts, n) - 1 for n in numbers})
-        table = f.read_row_groups(groups, columns=cols)
-        offset, at = 0, {}
-        for g in groups:
-            at[g] = offset
-            offset += f.metadata.row_group(g).num_rows
-        take = [at[g] + n - starts[g] for n in numbers
-                for g in [bisect.bisect_right(starts, n) - 1]]  # fmt: skip
-        return table.take(pa.array(take)).to_pylist()
+        def make() -> dict[str, Any]:
+            if lo is None:  # no rewards at all
+                n = self.query(f"SELECT count(*) n FROM {t} WHERE {where.sql}", where.params)
+                return {"total": int(n[0]["n"]), "reward_mean": None, "histogram": []}
+            width = (hi - lo) / HIST_BINS or 1.0
+            rows = self.query(f"SELECT least(CAST(floor((reward - ?) / ?) AS BIGINT), "
+                              f"{HIST_BINS - 1}) b, count(*) n, count(reward) k, sum(reward) s "
+                              f"FROM {t} WHERE {where.sql} GROUP BY b",
+                              [lo, width, *where.params])  # fmt: skip
+            counts = {int(r["b"]): int(r["n"]) for r in rows if r["b"] is not None}
+            k = sum(int(r["k"]) for r in rows)
+            bins = [{"lo": lo + i * width, "hi": lo + (i + 1) * width if hi > lo else hi,
+                     "count": counts.get(i, 0)}
+                    for i in range(HIST_BINS if hi > lo else 1)]  # fmt: skip
+            used = [i for i, b in enumerate(bins) if b["count"]]
+            return {"total": sum(int(r["n"]) for r in rows),
+                    "reward_mean": sum(r["s"] for r in rows if r["s"] is not None) / k if k
+                    else None, "histogram": bins[used[0]:used[-1] + 1] if used else []}  # fmt: skip
 
-    def _file(self, run: str) -> tuple[Any, list[int]]:
-        import pyarrow.parquet as pq
-
-        with self._lock:
-            if run not in self._files:
-                f = pq.ParquetFile(os.path.join(self.runs[run].folder, "trajectories.parquet"))
-                starts, n = [], 0
-                for i in range(f.metadata.num_row_groups):
-                    starts.append(n)
-                    n += f.metadata.row_group(i).num_rows
-                self._files[run] = (f, starts)
-            return self._files[run]
-
-    def _histogram(self, t: str, where: Where, lo: Any, hi: Any) -> list[dict[str, Any]]:
-        if lo is None:
-            return []
-        width = (hi - lo) / HIST_BINS or 1.0
-        rows = self._rows(f"SELECT least(CAST(floor((reward - ?) / ?) AS BIGINT), {HIST_BINS - 1})"
-                          f" b, count(*) n FROM {t} WHERE {where.sql} AND reward IS NOT NULL "
-                          "GROUP BY b ORDER BY b", [lo, width, *where.params])  # fmt: skip
-        counts = {int(r["b"]): int(r["n"]) for r in rows}
-        bins = HIST_BINS if hi > lo else 1
-        return [{"lo": lo + i * width, "hi": lo + (i + 1) * width if hi > lo else hi,
-                 "count": counts.get(i, 0)} for i in range(bins)]  # fmt: skip
+        key = ("selection", run or next(iter(self.runs)), t, where.sql, repr(where.params))
+        return dict(self._cached(key, make))
 
     def locate(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
-        """The trajectory's row; ``step`` (when the caller knows it) limits the read to that
-        step's row groups, instead of every trace id of the table."""
+        """The trajectory's row: by id in the compacted copy; else ``step`` (when the caller
+        knows it) limits the read to that step's row groups, instead of every trace id."""
         t = self.table(run, "trajectories")
         if not re.fullmatch(r"[0-9a-fA-F-]{1,64}", trace_id or ""):
             raise ApiError(f"id: {trace_id[:80]!r} is not a trace id (hex)")
-        rows = []
-        if step is not None:
-            rows = self._rows(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE step = ? "
-                              "AND trace_id = ?", [step, trace_id])  # fmt: skip
-        if not rows:  # no step given, or a wrong one
-            rows = self._rows(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE trace_id = ?",
-                              [trace_id])  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        ids = self._file(run, "ids")
+        if ids is not None:
+            found = ids.find(trace_id, columns=["rn"]).column("rn").to_pylist()
+            rows = self._file(run, "rows").take(found[:1])
+        else:
+            if step is not None:
+                rows = self.query(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE step = ? "
+                                  "AND trace_id = ?", [step, trace_id])  # fmt: skip
+            if not rows:  # no step given, or a wrong one
+                rows = self.query(f"SELECT * EXCLUDE (file_row_number) FROM {t} WHERE "
+                                  "trace_id = ?", [trace_id])  # fmt: skip
         if not rows:
             raise ApiError(f"no trajectory {trace_id!r} in run {run or next(iter(self.runs))}",
                            404)  # fmt: skip
         return rows[0]
 
-    def trajectory(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
-        row = self.locate(run, trace_id, step)
-        step = row["step"]
+    def _per_trajectory(self, run: str | None, table: str, step: Any, trace_id: str,
+                        columns: list[str], order: str) -> list[dict[str, Any]]:  # fmt: skip
+        """One trajectory's rows of ``table``, ordered by ``order``: from the row groups its
+        key falls in (compacted copy), else a DuckDB query pruned by the step's statistics."""
+        found = self._file(run, table) if step is not None else None
+        if found is not None:
+            return list(found.find(step, trace_id, columns=columns).sort_by(order).to_pylist())
         cond, params = ("step = ? AND trace_id = ?", [step, trace_id]) if step is not None \
             else ("step IS NULL AND trace_id = ?", [trace_id])  # fmt: skip
-        turns = self._rows(f"SELECT * EXCLUDE (logprobs) FROM {self.table(run, 'turns')} "
-                           f"WHERE {cond} ORDER BY turn_index", params)  # fmt: skip
-        calls = self._rows(f"SELECT * FROM {self.table(run, 'tool_calls')} WHERE {cond} "
-                           "ORDER BY call_index", params)  # fmt: skip
+        return self.query(f"SELECT {_names(columns)} FROM {self.table(run, table)} WHERE {cond} "
+                          f"ORDER BY {order}", params)  # fmt: skip
+
+    def trajectory(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
+        from tracer.readers.schema import arrow_schema
+
+        row = self.locate(run, trace_id, step)
+        step = row["step"]
+        r = self.runs[run or next(iter(self.runs))]
+
+        def columns(table: str, without: tuple[str, ...] = ()) -> list[str]:
+            return [c for c in arrow_schema(table).names if c not in without]
+
+        turns = self._per_trajectory(run, "turns", step, trace_id,
+                                     columns("turns", ("logprobs",)), "turn_index")  # fmt: skip
+        calls = self._per_trajectory(run, "tool_calls", step, trace_id, columns("tool_calls"),
+                                     "call_index")  # fmt: skip
         out: dict[str, Any] = {"trajectory": row, "turns": turns, "tool_calls": calls, "tokens": {},
                "token_fields": list(TOKEN_FIELDS), "scales": {}}  # fmt: skip
-        r = self.runs[run or next(iter(self.runs))]
         if "tokens" in r.tables:
-            toks = self._rows(
-                f"SELECT turn, coalesce(token, '⟨' || token_id || '⟩') AS token, "
-                f"{', '.join(TOKEN_FIELDS)} FROM {self.table(run, 'tokens')} WHERE {cond} "
-                "AND loss_mask = 1 ORDER BY position", params)  # fmt: skip
+            toks = self._per_trajectory(run, "tokens", step, trace_id,
+                                        ["turn", "position", "token", "token_id", "loss_mask",
+                                         *TOKEN_FIELDS], "position")  # fmt: skip
+            toks = [tok for tok in toks if tok["loss_mask"] == 1]
             for tok in toks:
+                text = tok["token"] if tok["token"] is not None else f"⟨{tok['token_id']}⟩"
                 out["tokens"].setdefault(str(tok["turn"]), []).append(
-                    [tok["token"], *(_round(tok[f]) for f in TOKEN_FIELDS)])
+                    [text, *(_round(tok[f]) for f in TOKEN_FIELDS)])
             if toks:
                 out["scales"] = self.scales(run, step)
         if r.mlflow:
@@ -316,9 +365,9 @@ class Store:
                 f"'num_tool_errors': num_tool_errors, 'response_text': left(response_text, 300)}}"
                 f" ORDER BY rollout_n) rollouts FROM {t} WHERE step = ? AND validate = ? "
                 f"GROUP BY sample_key {having}")  # fmt: skip
-        rows = self._rows(f"{base} ORDER BY TRY_CAST(sample_key AS BIGINT), sample_key "
+        rows = self.query(f"{base} ORDER BY TRY_CAST(sample_key AS BIGINT), sample_key "
                           "LIMIT ? OFFSET ?", [step, validate, size, page * size])  # fmt: skip
-        total = self._rows(f"SELECT count(*) n, count(*) FILTER (zero_variance) z FROM ({base})",
+        total = self.query(f"SELECT count(*) n, count(*) FILTER (zero_variance) z FROM ({base})",
                            [step, validate])[0]  # fmt: skip
         for g in rows:
             std = g["std"] or 0.0
@@ -329,79 +378,18 @@ class Store:
                 "total": int(total["n"]), "zero_variance": int(total["z"]),
                 "groups": rows}  # fmt: skip
 
-    def prompt(self, run: str | None, trace_id: str | None, text: str | None,
-               step: int | None = None) -> dict[str, Any]:  # fmt: skip
-        """Every rollout of one prompt (the one of ``trace_id``, or ``text``), by step, with the
-        word diff of each step's first response against the previous step's."""
-        if trace_id:
-            text = self.locate(run, trace_id, step)["prompt"]
-        if not text:
-            raise ApiError("prompt: give id=<trace id> or prompt=<text>")
-        t = self.table(run, "trajectories")
-        rows = self._rows(f"SELECT trace_id, step, validate, sample_key, rollout_n, reward, "
-                          f"finish_reason, response_text FROM {t} WHERE prompt = ? "
-                          "ORDER BY step NULLS LAST, validate, rollout_n LIMIT ?",
-                          [text, MAX_PROMPT_ROWS])  # fmt: skip
-        steps: dict[Any, dict[str, Any]] = {}
-        for r in rows:
-            key = (r["step"], r["validate"])
-            s = steps.setdefault(key, {"step": r["step"], "validate": r["validate"],
-                                       "rollouts": []})  # fmt: skip
-            s["rollouts"].append(r)
-        out, prev = [], None
-        for s in steps.values():
-            rewards = [r["reward"] for r in s["rollouts"] if r["reward"] is not None]
-            s["mean_reward"] = sum(rewards) / len(rewards) if rewards else None
-            first = s["rollouts"][0]["response_text"] or ""
-            s["diff"] = word_diff(prev, first) if prev is not None else None
-            prev = first
-            out.append(s)
-        return {"prompt": text, "steps": out, "truncated": len(rows) >= MAX_PROMPT_ROWS}
-
     def steps(self, run: str | None) -> list[dict[str, Any]]:
         t = self.table(run, "trajectories")
-        return list(self._cached(("steps", run), lambda: self._rows(
+        return list(self._cached(("steps", run), lambda: self.query(
             f"SELECT step, validate, count(*) n, avg(reward) reward, avg(response_tokens) length,"
             f" 1 - sum(num_tool_errors) / nullif(sum(num_tool_calls), 0) tool_success, "
             f"avg(mismatch_kl_mean) mismatch_kl, avg(ref_kl_mean) ref_kl FROM {t} "
             "WHERE step IS NOT NULL GROUP BY step, validate ORDER BY validate, step")))  # fmt: skip
 
-    def compare(self, step: int, text: str) -> dict[str, Any]:
-        """The same prompt at the same step in every run: rewards and the responses' diff
-        against the first run's first rollout."""
-        out: list[dict[str, Any]] = []
-        base = None
-        for name in self.runs:
-            t = self.table(name, "trajectories")
-            rows = self._rows(f"SELECT trace_id, rollout_n, reward, response_text FROM {t} "
-                              "WHERE step = ? AND prompt = ? ORDER BY rollout_n LIMIT 64",
-                              [step, text])  # fmt: skip
-            first = rows[0]["response_text"] or "" if rows else ""
-            out.append({"run": name, "rollouts": rows,
-                        "diff": word_diff(base, first) if base is not None and rows else None})
-            if base is None and rows:
-                base = first
-        return {"step": step, "prompt": text, "runs": out}
+def _names(columns: list[str]) -> str:
+    """Column names checked against the export schema (never other input), quoted."""
+    return ", ".join(f'"{c}"' for c in columns)
 
 
 def _round(v: Any) -> Any:
     return None if v is None or v != v else float(f"{v:.6g}")
-
-
-def word_diff(old: str, new: str) -> list[list[str]]:
-    """``[[op, text], ...]`` with op ``=``, ``-`` or ``+``, word by word (whitespace kept)."""
-    a, b = re.findall(r"\S+\s*", old), re.findall(r"\S+\s*", new)
-    out: list[list[str]] = []
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if op == "equal":
-            out.append(["=", "".join(a[i1:i2])])
-            continue
-        if i2 > i1:
-            out.append(["-", "".join(a[i1:i2])])
-        if j2 > j1:
-            out.append(["+", "".join(b[j1:j2])])
-    return out
-
-
-def valid_run_name(name: str) -> bool:
-    return bool(_NAME.match(name))
