@@ -101,7 +101,10 @@ def test_no_credential_on_disk_or_in_logs_and_replay_reads_them_from_the_environ
             spool_dir=str(spool),
             export_max_retries=0,
             export_timeout_s=1,
-            shutdown_timeout_s=0.5,
+            # longer than one export attempt: shutdown waits for the worker. With less, a
+            # worker still inside OTel's own retries reached the collector started below and
+            # emptied the spool before replay could (2 runs in 6 under load)
+            shutdown_timeout_s=5,
             flush_interval_s=0.05,
         )
 
