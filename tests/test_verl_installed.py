@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -214,18 +215,24 @@ def run_loops(tmp: Path, uri_on: str, uri_off: str) -> dict[str, Any]:
     return out
 
 
-def _traces(uri: str, project: str, expected: int, timeout_s: float = 120) -> list[Any]:
+def _has_root(trace: Any) -> bool:
+    return any(s.parent_id is None for s in trace.data.spans)
+
+
+def _traces(uri: str, project: str, expected: int, timeout_s: float = 120,
+            complete: Callable[[Any], bool] = _has_root) -> list[Any]:
     """Traces of ``project`` once ``expected`` complete ones (with their root span) are
     there: both tracers export in the background, rollout-tracer within its flush interval,
-    verl's MLflow asynchronously and span by span (a trace can be seen before its root)."""
+    verl's MLflow asynchronously and span by span (a trace can be seen before its root, and
+    a root before a child written by another of its queue's threads)."""
     client = mlflow.MlflowClient(tracking_uri=uri)
     deadline = time.monotonic() + timeout_s
     while True:
         exp = client.get_experiment_by_name(project)
         found = client.search_traces(locations=[exp.experiment_id]) if exp else []
         traces = [client.get_trace(t.info.trace_id) for t in found]
-        complete = [t for t in traces if any(s.parent_id is None for s in t.data.spans)]
-        if len(complete) >= expected or time.monotonic() > deadline:
+        done = [t for t in traces if complete(t)]
+        if len(done) >= expected or time.monotonic() > deadline:
             return traces
         time.sleep(1)
 
@@ -275,12 +282,17 @@ def test_switched_verl_agent_loops_write_our_traces(ray_run: dict[str, Any]) -> 
     assert logs.count("rollout-tracer active for verl (backend=mlflow, project=" + PROJECT_ON) == 1
 
 
+def _verl_complete(trace: Any) -> bool:
+    names = {s.name for s in trace.data.spans}
+    return _has_root(trace) and {"agent_loop", "LLMServerClient.generate"} <= names
+
+
 def test_without_the_switch_verl_uses_its_own_tracer(ray_run: dict[str, Any]) -> None:
-    traces = _traces(ray_run["uri_off"], PROJECT_OFF, 4)
-    assert len(traces) == 4
+    traces = _traces(ray_run["uri_off"], PROJECT_OFF, 4, complete=_verl_complete)
+    seen = [(t.info.tags.get("step"), sorted({s.name for s in t.data.spans})) for t in traces]
+    assert len(traces) == 4, seen
     for trace in traces:
         assert "tracer" not in trace.info.tags and "worker_id" not in trace.info.tags
-        assert trace.info.tags["step"] == "1"
-        names = {s.name for s in trace.data.spans}
-        assert "agent_loop" in names and "LLMServerClient.generate" in names
+        assert trace.info.tags.get("step") == "1", seen
+        assert _verl_complete(trace), seen
     assert _traces(ray_run["uri_on"], PROJECT_OFF, 0, timeout_s=0) == []
