@@ -202,6 +202,8 @@ def run_loops(tmp: Path, uri_on: str, uri_off: str) -> dict[str, Any]:
         config = verl_cpu.verl_config(trace, tools)
         env = {**ENV, "ROLLOUT_TRACER_VERL": switch, "MLFLOW_TRACKING_URI": uri,
                "ROLLOUT_TRACER_SPOOL_DIR": str(tmp / f"spool-{switch}")}  # fmt: skip
+        if switch == "0":  # verl's own tracer: MLflow's async queue (10 threads) may drop or
+            env["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"  # reorder; the test wants its traces
         client = LLMServerClient(config, balancer)
         worker = ray.remote(AgentLoopWorker).options(
             num_cpus=1, runtime_env={"env_vars": env}).remote(config, client)  # fmt: skip
