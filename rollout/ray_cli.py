@@ -33,7 +33,7 @@ def cmd_run_ray(
     k = num_workers(config)
     uri = str(trace.get("tracking_uri") or "")
     backends = trace.get("backend")
-    if "mlflow" in str(backends) and not uri.startswith(("http://", "https://")):
+    if k > 1 and "mlflow" in str(backends) and not uri.startswith(("http://", "https://")):
         print(f"note: {k} workers share the MLflow store {uri}; for several workers (and any "
               "multi-node cluster) point them at one tracking server: "
               "actor_rollout_ref.rollout.trace.tracking_uri=http://HOST:5000")  # fmt: skip
