@@ -3,12 +3,26 @@ raises when the selection or the store is wrong (each names what was tried and w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from tracer.record import TrajectoryRecord
 
 PAGE_SIZE = 500  # an MLflow server caps max_results at 500
+
+
+def paged(records: Iterable[TrajectoryRecord], page_size: int = PAGE_SIZE
+          ) -> Iterator[list[TrajectoryRecord]]:  # fmt: skip
+    """``records`` in lists of ``page_size`` (the last one shorter, none empty): what a
+    source yields, so an export holds one page at a time."""
+    page: list[TrajectoryRecord] = []
+    for record in records:
+        page.append(record)
+        if len(page) >= page_size:
+            yield page
+            page = []
+    if page:
+        yield page
 STEPS_FORMAT = "FIRST:LAST (inclusive, e.g. 1:10) or a list (e.g. 1,4,7)"
 
 

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 from tracer.annotations import RECORD_TYPE, AnnotationRecord, apply_to_record
 from tracer.readers.mlflow_source import check_store, iter_mlflow, mlflow_to_record
-from tracer.readers.selection import PAGE_SIZE, Selection, StoreNotFound, no_match, parse_steps
+from tracer.readers.selection import (
+    PAGE_SIZE,
+    Selection,
+    StoreNotFound,
+    no_match,
+    paged,
+    parse_steps,
+)
 from tracer.readers.verl_dump import iter_verl_dump
 from tracer.readers.weave_source import iter_weave, weave_to_record
 from tracer.record import TrajectoryRecord, read_jsonl
@@ -34,26 +41,25 @@ def iter_jsonl(
     ``experiment`` keeps records whose project_name or experiment_name equals it."""
     selection = selection or Selection()
     annotations = _annotation_offsets(path)
-    page: list[TrajectoryRecord] = []
     found = False
     steps: set[object] = set()
     experiments: set[str] = set()
-    for record in read_jsonl(path):
-        steps.add(record.step)
-        experiments.update((record.project_name, record.experiment_name))
-        if experiment and experiment not in (record.project_name, record.experiment_name):
-            continue
-        if not selection.keeps(record):
-            continue
-        found = True
-        if record.trace_id in annotations:
-            _merge_annotations(path, record, annotations[record.trace_id])
-        page.append(record)
-        if len(page) >= page_size:
-            yield page
-            page = []
-    if page:
-        yield page
+
+    def kept() -> Iterator[TrajectoryRecord]:
+        nonlocal found
+        for record in read_jsonl(path):
+            steps.add(record.step)
+            experiments.update((record.project_name, record.experiment_name))
+            if experiment and experiment not in (record.project_name, record.experiment_name):
+                continue
+            if not selection.keeps(record):
+                continue
+            found = True
+            if record.trace_id in annotations:
+                _merge_annotations(path, record, annotations[record.trace_id])
+            yield record
+
+    yield from paged(kept(), page_size)
     if not found:
         raise no_match(path, selection, experiment, steps, experiments)
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tracer.readers.selection import PAGE_SIZE, Selection
+from tracer.readers.selection import PAGE_SIZE, Selection, paged
 from tracer.record import SpanRecord, TrajectoryRecord
 
 # verl's own keys of a dump line; every other key is a reward extra info
@@ -62,23 +62,19 @@ def iter_verl_dump(
     """Pages of records from verl's dump folder ``path``. ``experiment`` names the records'
     project (default: the folder's name). A partial last line (verl stopped mid-write) is
     skipped with a warning; any other line that is not a JSON object raises ``ValueError``."""
-    selection = selection or Selection()
+    keep = (selection or Selection()).keeps
     project = experiment or Path(path).resolve().name
-    page: list[TrajectoryRecord] = []
+    yield from paged((r for r in _records(path, project, validate) if keep(r)), page_size)
+
+
+def _records(path: str | os.PathLike[str], project: str, validate: bool
+             ) -> Iterator[TrajectoryRecord]:  # fmt: skip
     for file in dump_files(path):
         mtime_ns = file.stat().st_mtime_ns
         for index, data in _lines(file):
             if data.get("step") is None and file.stem.isdigit():
                 data = {**data, "step": int(file.stem)}
-            record = dump_record(data, index, project, mtime_ns, validate, file.name)
-            if not selection.keeps(record):
-                continue
-            page.append(record)
-            if len(page) >= page_size:
-                yield page
-                page = []
-    if page:
-        yield page
+            yield dump_record(data, index, project, mtime_ns, validate, file.name)
 
 
 def _lines(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
