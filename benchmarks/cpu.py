@@ -139,12 +139,11 @@ def stages(n: int, tmp: str) -> dict[str, float]:
     assert redactor is not None
     build = encode = 0.0
     records, lines = [], []
-    for traj in trajs:  # one at a time, as the pipeline does: rendered JSON lives briefly
-        encoded: dict[int, Any] = {}
+    for traj in trajs:  # one at a time, as the pipeline does
         t0 = time.process_time()
-        records.append(build_record(traj, config, None, encoded))
+        records.append(build_record(traj, config, None))
         t1 = time.process_time()
-        lines.append(encode_record(records[-1], encoded))
+        lines.append(encode_record(records[-1]))
         build += t1 - t0
         encode += time.process_time() - t1
     t0 = time.process_time()

@@ -1,6 +1,7 @@
 """The lean pipeline's shortcuts store exactly what the long way stores.
 
-- ``render`` (C-speed rendering of plain JSON snapshots) equals ``to_jsonable`` on every value.
+- Plain data the hot path takes as JSON (``tracer.snapshot.Json``) renders as its structural
+  copy does, limits and depth markers included.
 - The redaction check on a serialized record never says "nothing to redact" when the per-field
   pass would change something.
 - One serialization per record: byte-oriented backends receive the spool's bytes.
@@ -14,16 +15,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import tracer
 from tracer.backends import register_backend
 from tracer.backends.base import Exporter, ExportResult
 from tracer.encode import encode, encode_record
-from tracer.jsonable import MAX_DEPTH, Limits, render, render_encoded, to_jsonable
-from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.jsonable import MAX_DEPTH, Limits, json_depth, render_snapshot, to_jsonable
+from tracer.record import SpanRecord, TrajectoryRecord, plain
 from tracer.redact import Redactor
-from tracer.snapshot import MAX_NESTING, snapshot, snapshot_args
+from tracer.snapshot import MAX_NESTING, Json, _Budget, _snap, snapshot, snapshot_args
 
 
 @dataclasses.dataclass
@@ -56,14 +58,47 @@ VALUES = [
     {"surrogate": "bad \udcff byte"},
     {"big": 2**80},
     {"unicode": "héllo wörld ✓"},
+    {"text": "z" * 300, "ids": [1, 2], "ok": 1.5, "bad": float("inf")},  # a result's top level
+    {"messages": [{"role": "user", "content": "w" * 300}], "n": None},
 ]
 
 
+def _copied(value: Any) -> Any:
+    """The structural copy: what the hot path takes where JSON cannot."""
+    return _snap(value, _Budget(20_000), 0)
+
+
+LIMITS = [Limits(200, 50), Limits(200_000, 20_000)]
+
+
+@pytest.mark.parametrize("limits", LIMITS, ids=["tight", "wide"])
 @pytest.mark.parametrize("value", VALUES, ids=range(len(VALUES)))
-def test_render_equals_the_walk(value: Any) -> None:
-    limits = Limits(200, 50)
+def test_json_snapshots_render_as_the_copy_does(value: Any, limits: Limits) -> None:
+    # deeper than the copy goes (it stops at MAX_NESTING), JSON renders as the value itself
+    copy = value if _nesting(value) > MAX_NESTING else _copied(value)
     snap, _ = snapshot(value)
-    assert encode(render(snap, limits)) == encode(to_jsonable(snap, limits))
+    assert encode(to_jsonable(snap, limits)) == encode(to_jsonable(copy, limits))
+    assert encode(render_snapshot(snap, limits)) == encode(to_jsonable(copy, limits))
+    args, _ = snapshot_args(("value",), (value,), {}, 20_000)
+    assert encode(to_jsonable(args, limits)) == encode(to_jsonable({"value": copy}, limits))
+    assert encode(render_snapshot(args, limits)) == encode(to_jsonable({"value": copy}, limits))
+
+
+def test_plain_data_is_taken_as_json_and_the_rest_is_copied() -> None:
+    generate_args, nbytes = snapshot_args(("messages", "prompt_ids"), (
+        [{"role": "user", "content": "hi"}], list(range(300))), {}, 20_000)  # fmt: skip
+    assert all(type(v) is Json for v in generate_args.values())
+    assert nbytes >= sum(len(v.data) for v in generate_args.values())
+    result, _ = snapshot({"text": "ok", "response_ids": [1, 2], "finish_reason": "stop"})
+    assert result["text"] == "ok" and result["finish_reason"] == "stop"  # read without decoding
+    assert type(result["response_ids"]) is Json
+    # a None, a NaN, a set, an object, a non-string key: the structural copy
+    for value in ({"none": None}, [1.0, float("nan")], [{1, 2}], [Point(1, 2.0)], [{1: "a"}]):
+        assert Json not in {type(snapshot(value)[0])} | {type(v) for v in snapshot_args(
+            ("v",), (value,), {}, 20_000)[0].values()}, value  # fmt: skip
+    # past max_items at either of the top two levels: cut by the copy on the hot path
+    assert type(snapshot(list(range(100)), max_items=50)[0]) is not Json
+    assert type(snapshot([list(range(100))], max_items=50)[0]) is not Json
 
 
 def _nesting(x: Any) -> int:
@@ -74,22 +109,29 @@ def _nesting(x: Any) -> int:
     return 0
 
 
-@pytest.mark.parametrize("value", [_deep(100), {"a": [{"b": _deep(40)}]}, [[{}]] * 3])
-def test_snapshots_nest_no_deeper_than_rendering_counts(value: Any) -> None:
-    # the record builder renders snapshots without counting their brackets (MAX_NESTING)
-    arguments, _ = snapshot_args(("value",), (value,), {}, 20_000)
-    assert _nesting(arguments) <= MAX_NESTING < MAX_DEPTH
-    assert _nesting(snapshot(value)[0]) <= MAX_NESTING
+NESTED = [_deep(100), {"a": [{"b": _deep(40)}]}, [[{}]] * 3, _deep(MAX_DEPTH),
+          _deep(MAX_DEPTH + 1), [{"s": "[[[{{{ \\\" ]]}"}, ["\\", [["\""]]]]]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", NESTED, ids=range(len(NESTED)))
+def test_json_depth_skips_strings(value: Any) -> None:
+    assert json_depth(orjson.dumps(value)) == _nesting(value)
+
+
+@pytest.mark.parametrize("value", NESTED, ids=range(len(NESTED)))
+def test_deep_json_gets_the_walks_depth_marker(value: Any) -> None:
     limits = Limits(200_000, 20_000)
-    assert render_encoded(arguments, limits, MAX_NESTING)[0] == to_jsonable(arguments, limits)
+    assert plain(to_jsonable(snapshot(value)[0], limits)) == to_jsonable(value, limits)
+    args, _ = snapshot_args(("value",), (value,), {}, 20_000)
+    assert plain(to_jsonable(args, limits)) == to_jsonable({"value": value}, limits)
 
 
 def test_a_rendered_snapshot_is_not_the_callers_object() -> None:
     messages = [{"role": "user", "content": "hi"}]
     snap, _ = snapshot({"messages": messages})
-    rendered = render(snap, Limits(200_000, 20_000))
+    rendered = to_jsonable(snap, Limits(200_000, 20_000))
     messages.append({"role": "assistant", "content": "later"})  # the agent loop goes on
-    assert rendered == {"messages": [{"role": "user", "content": "hi"}]}
+    assert plain(rendered) == {"messages": [{"role": "user", "content": "hi"}]}
 
 
 SECRETS = [
@@ -246,23 +288,26 @@ def _finished_trajectories(tmp_path: Path) -> list[Any]:
     return trajectories
 
 
-def test_the_line_reuses_rendered_json_only_where_the_record_holds_it(tmp_path: Path) -> None:
+def test_the_line_is_the_records_json_with_the_hot_paths_bytes_in_it(tmp_path: Path) -> None:
     from tracer.record_builder import build_record
 
     try:
         trajectories = _finished_trajectories(tmp_path)
         config = tracer.get_tracer().config
         for traj in trajectories:
-            encoded: dict[int, tuple[Any, bytes]] = {}
-            record = build_record(traj, config, _Letters(), encoded)
-            assert encoded  # the tool's inputs and outputs, at least
-            line = encode_record(record, encoded)
-            assert line == encode_record(record)  # the long way: every value encoded again
+            record = build_record(traj, config, _Letters())
+            assert any(type(v) is Json for s in record.spans if isinstance(s.inputs, dict)
+                       for v in s.inputs.values())  # fmt: skip
+            line = encode_record(record)
+            # the long way: every value decoded, then encoded again
+            assert orjson.loads(line) == orjson.loads(encode_record(record.materialize()))
+            assert not any(type(v) is Json for s in record.spans if isinstance(s.inputs, dict)
+                           for v in s.inputs.values())  # fmt: skip
             # token2text and the log-prob marker went into the outputs after rendering
             assert b'"response_text":"hij"' in line and b'"prompt_text":"bcd"' in line
             assert b"log-probs: float32 base64" in line
             # a value replaced after building (redaction does that) is encoded anew
             record.spans[-1].outputs = {"result": "[REDACTED]"}
-            assert b"[REDACTED]" in encode_record(record, encoded)
+            assert b"[REDACTED]" in encode_record(record)
     finally:
         tracer.reset()

@@ -9,11 +9,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from itertools import accumulate
 from typing import Any
 
-import orjson
-
-from tracer.snapshot import ObjectSnapshot, Truncated
+from tracer.snapshot import Json, ObjectSnapshot, Truncated
 
 MAX_DEPTH = 24
 _JSON_INTS = frozenset({int, bool, type(None)})
@@ -54,50 +53,71 @@ def _cut_str(s: str, limits: Limits) -> str:
     return s
 
 
-# orjson hands these to ``default`` instead of encoding them itself; with no ``default`` given it
-# then raises, and rendering takes the walk below (a dataclass gets its type key there)
-_PLAIN_ONLY = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
-               | orjson.OPT_PASSTHROUGH_SUBCLASS)  # fmt: skip
+_OPENS = b"[{"
+# +1 for an opening bracket, -1 for a closing one (by byte value); the rest are removed first
+_STEP = [1 if b in _OPENS else -1 for b in range(256)]
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def render(x: Any, limits: Limits) -> Any:
-    """``to_jsonable(x, limits)``, at C speed when ``x`` is plain JSON data well inside the
-    limits (a snapshot of messages and token ids usually is): orjson encodes it, which fails on
-    anything the walk would render specially (objects, snapshots, bytes, sets, numpy, huge
-    ints, non-str keys, cycles, invalid UTF-8), and ``x`` itself is the rendering: a snapshot
-    is already a private copy, its tuples already lists (``tracer.snapshot``). It is taken
-    only when the bytes prove the limits cannot apply: no longer than ``max_chars`` (so no
-    string is) nor ``2 * max_items`` (so no list or dict is longer), fewer brackets than
-    ``MAX_DEPTH``, and no ``null`` (a NaN or inf would read as one). One difference remains:
-    an ``Enum`` or ``UUID`` member kept by reference is stored as its value, not its repr."""
-    return render_encoded(x, limits)[0]
+def json_depth(data: bytes) -> int:
+    """How deeply the containers of compact JSON ``data`` nest, strings skipped; at C speed."""
+    if b'"' in data:  # drop escaped backslashes and quotes, then every string's contents
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+        data = b"".join(data.split(b'"')[0::2])
+    brackets = data.translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
-def render_encoded(
-    x: Any, limits: Limits, nesting: int | None = None
-) -> tuple[Any, bytes | None]:
-    """``render(x, limits)`` and, when ``x`` itself is the rendering, the JSON that proved it
-    (what ``tracer.encode`` would write for it), else None. ``nesting``: how deeply ``x``'s
-    containers can nest, when the caller knows (a snapshot's: ``tracer.snapshot.MAX_NESTING``);
-    below ``MAX_DEPTH`` the brackets need no counting."""
+def _json_fits(x: Json, limits: Limits, depth: int) -> bool:
+    """Whether no limit applies to what ``x`` holds, sitting at ``depth``: its bytes are no
+    longer than ``max_chars`` (so no string is) nor than ``2 * max_items`` (so no list or dict
+    is longer), and its containers nest within ``MAX_DEPTH``."""
+    data = x.data
+    n = len(data)
+    if n > limits.max_chars or n > 2 * limits.max_items:
+        return False
+    room = MAX_DEPTH - depth + 1  # containers it may nest, itself included
+    return (
+        n <= room
+        or data.count(b"[") + data.count(b"{") <= room
+        or json_depth(data) <= room
+    )
+
+
+def _render_json(x: Json, limits: Limits, depth: int, path: set[int] | None) -> Any:
+    """A :class:`Json` snapshot rendered: itself when no limit applies to it, else the walk
+    over its decoded value. Either way, what the walk would make of the value it holds."""
+    if _json_fits(x, limits, depth):
+        return x
+    return to_jsonable(x.value(), limits, depth, path)
+
+
+def render_snapshot(x: Any, limits: Limits) -> Any:
+    """``to_jsonable(x, limits)`` for a span's inputs or outputs, with the hot path's shapes
+    taken as they are (a snapshot is the span's private copy): a :class:`Json` that no limit
+    applies to, and a dict of such, of strings within ``max_chars`` and of ints, booleans,
+    finite floats and None, under string keys."""
     t = type(x)
-    if t is dict or t is list:
-        try:
-            data = orjson.dumps(x, option=_PLAIN_ONLY)
-        except TypeError:  # orjson.JSONEncodeError: not plain JSON data
-            pass
+    if t is Json:
+        return _render_json(x, limits, 0, None)
+    if t is dict and len(x) <= limits.max_items:
+        max_chars = limits.max_chars
+        for k, v in x.items():
+            tv = type(v)
+            if tv is str:
+                if len(v) > max_chars or (not v.isascii() and _cut_str(v, limits) is not v):
+                    break
+            elif tv is Json:
+                if not _json_fits(v, limits, 1):
+                    break
+            elif not (tv is int or tv is bool or v is None
+                      or (tv is float and math.isfinite(v))):  # fmt: skip
+                break
+            if type(k) is not str:
+                break
         else:
-            if (
-                len(data) <= limits.max_chars
-                and len(data) <= 2 * limits.max_items
-                and b"null" not in data
-                and (
-                    (nesting is not None and nesting < MAX_DEPTH)
-                    or data.count(b"[") + data.count(b"{") < MAX_DEPTH
-                )
-            ):
-                return x, data
-    return to_jsonable(x, limits), None
+            return x
+    return to_jsonable(x, limits)
 
 
 def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None = None) -> Any:
@@ -109,6 +129,8 @@ def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None 
         return x
     if t is float:
         return x if math.isfinite(x) else str(x)
+    if t is Json:
+        return _render_json(x, limits, _depth, _path)
     if _depth > MAX_DEPTH:
         return f"<max depth {MAX_DEPTH} reached: {type(x).__qualname__}>"
     if _path is None:

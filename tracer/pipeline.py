@@ -324,12 +324,13 @@ class Pipeline:
         (an internal error, logged). The line is made once and serves the redaction check,
         the spool and byte-oriented backends."""
         try:
-            encoded: dict[int, tuple[Any, bytes]] = {}  # what rendering already encoded
-            record = build_record(traj, self.config, tokenizer, encoded)
-            line = encode_record(record, encoded)
+            record = build_record(traj, self.config, tokenizer)
+            line = encode_record(record)
             if self.redactor is not None and self.redactor.needs(line):
                 record = self.redactor.record(record)
                 line = encode_record(record)
+            if self.keep is not None:  # rules and their predicate read Python values
+                record.materialize()
             return record, line
         except Exception as exc:
             self.errors.report("building a trace record", exc, background=True)
@@ -353,6 +354,9 @@ class Pipeline:
             return
         lines = [line if line is not None else encode_record(record)
                  for record, line in zip(out.records, out.lines, strict=True)]  # fmt: skip
+        if not all(w.wants_lines for w in self.workers):  # one reads the records themselves
+            for record in out.records:
+                record.materialize()
         nbytes = sum(len(line) for line in lines)
         born_ns = min(out.born) if out.born else time.time_ns()
         for w in self.workers:

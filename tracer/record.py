@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracer.snapshot import Json
+
 SCHEMA_VERSION = 2
 
 # kind -> MLflow span type; also the set of kinds the tracer knows about.
@@ -41,9 +43,23 @@ def is_verl_style(attributes: dict[str, Any]) -> bool:
     return str(attributes.get(STYLE_KEY, "")).startswith("verl")
 
 
+def plain(x: Any) -> Any:
+    """``x`` with every :class:`~tracer.snapshot.Json` in it decoded (they sit as a span's
+    whole inputs or outputs or as values of its dicts, never inside a list); ``x`` itself
+    when it holds none."""
+    t = type(x)
+    if t is Json:
+        return x.value()
+    if t is dict and any(type(v) is Json or type(v) is dict for v in x.values()):
+        return {k: plain(v) for k, v in x.items()}
+    return x
+
+
 @dataclass
 class SpanRecord:
-    """One operation inside a trajectory. ``inputs``/``outputs``/``attributes`` are JSON-able."""
+    """One operation inside a trajectory. ``inputs``/``outputs``/``attributes`` are JSON-able;
+    inputs and outputs may hold :class:`~tracer.snapshot.Json` (the hot path's encoding of
+    plain data) until the record is materialized."""
 
     span_id: str  # 16 hex chars, unique within the trace
     parent_id: str | None  # None only for the root span
@@ -108,6 +124,14 @@ class TrajectoryRecord:
         for key, value in self.attributes.items():
             tags.setdefault(str(key), str(value))
         return tags
+
+    def materialize(self) -> TrajectoryRecord:
+        """Decode, in place, the JSON the hot path took of span inputs and outputs, for
+        backends and rules that read them as Python values; returns the record."""
+        for span in self.spans:
+            span.inputs = plain(span.inputs)
+            span.outputs = plain(span.outputs)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         """A shallow, JSON-able dict (the values already are JSON-able: no deep copy, which

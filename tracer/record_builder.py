@@ -9,9 +9,9 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from tracer.fast_decode import fast_decoder
-from tracer.jsonable import Limits, render_encoded, safe_repr, to_jsonable, truncation_marker
+from tracer.jsonable import Limits, render_snapshot, safe_repr, to_jsonable, truncation_marker
 from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
-from tracer.snapshot import MAX_NESTING, ObjectSnapshot, Truncated
+from tracer.snapshot import Json, ObjectSnapshot, Truncated
 from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
 
 if TYPE_CHECKING:
@@ -25,15 +25,10 @@ _REWARD_KEYS = ("reward", "score", "reward_score", "acc")
 _LOGPROB_FIELDS = ("logprobs", "log_probs", "response_logprobs")
 
 
-def build_record(
-    traj: Trajectory,
-    config: TraceConfig,
-    tokenizer: Any,
-    encoded: dict[int, tuple[Any, bytes]] | None = None,
-) -> TrajectoryRecord:
-    """The trajectory's record. ``encoded``, when given, receives the JSON that rendering
-    already made of span inputs and outputs, by the id of the value (with the value, so the
-    id stays its own): ``tracer.encode.encode_record`` writes it instead of encoding again."""
+def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> TrajectoryRecord:
+    """The trajectory's record. Plain data the hot path took as JSON stays :class:`Json` in
+    it (``tracer.encode`` writes those bytes as they are; ``TrajectoryRecord.materialize``
+    decodes them for backends that want Python values)."""
     verl = is_verl_style(traj.attributes)
     # verl's backends write objects as their fields (pydantic's model_dump), without a type key
     limits = Limits(config.max_field_chars, config.max_list_items, type_keys=not verl)
@@ -50,14 +45,12 @@ def build_record(
         if end_ns == 0:  # still open when the trajectory ended (abandoned generator, leaked task)
             end_ns = root.end_ns or span.start_ns
             attrs["unfinished"] = True
-        inputs, inputs_json = _render(span.inputs, limits)
-        outputs, outputs_json = _render(span.outputs, limits)
-        wrote = False  # whether decoded text or a log-prob marker went into inputs or outputs
+        inputs = render_snapshot(span.inputs, limits)
+        outputs = render_snapshot(span.outputs, limits)
         if config.token2text and verl:
-            wrote = _verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
+            _verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
         elif config.token2text:
-            wrote = _token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer,
-                                limits)  # fmt: skip
+            _token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer, limits)
         if span.kind == "reward" and span.error is None:
             value = _reward_value(span.outputs)
             if value is not None:
@@ -71,15 +64,9 @@ def build_record(
                 )
             lps = _encode_logprobs(span, outputs, attrs)
             if lps:
-                wrote = True
                 rollout_logprobs.extend(lps)
         if span.kind == "tool":
             attrs.setdefault("tool_name", _tool_name(span))
-        if encoded is not None and not wrote:
-            if inputs_json is not None:
-                encoded[id(inputs)] = (inputs, inputs_json)
-            if outputs_json is not None:
-                encoded[id(outputs)] = (outputs, outputs_json)
         spans.append(
             SpanRecord(
                 span_id=f"{span.span_id:016x}",
@@ -129,11 +116,6 @@ def build_record(
     )
 
 
-def _render(x: Any, limits: Limits) -> tuple[Any, bytes | None]:
-    # a span's inputs and outputs are snapshots (tracer.ops): their nesting is bounded
-    return render_encoded(x, limits, MAX_NESTING) if x is not None else (None, None)
-
-
 def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[float] | None:
     """The engine's per-token log-probs of a generate span -> one compact attribute
     (``tracer.tokens`` encoding) plus their min and mean; the outputs keep a short marker in
@@ -146,11 +128,8 @@ def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[fl
         return None
     if isinstance(raw, Truncated):
         raw = raw.items
-    ids = _find_field(span.outputs, "response_ids")
-    if ids is None:
-        ids = _find_field(span.outputs, "token_ids")
     try:
-        values = _logprob_list(raw, ids)
+        values = _logprob_list(raw, span.outputs)
     except (TypeError, ValueError, AttributeError):
         return None
     if not values:
@@ -165,10 +144,13 @@ def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[fl
     return values
 
 
-def _logprob_list(raw: Any, token_ids: Any) -> list[float] | None:
+def _logprob_list(raw: Any, outputs: Any) -> list[float] | None:
     """Floats from a list/array of numbers, or from vLLM's per-position ``{token_id:
-    Logprob}`` dicts (the sampled token's entry)."""
+    Logprob}`` dicts (the sampled token's entry, by the response's ids in ``outputs``)."""
     if isinstance(raw, list) and raw and isinstance(raw[0], dict):
+        token_ids = _find_field(outputs, "response_ids")
+        if token_ids is None:
+            token_ids = _find_field(outputs, "token_ids")
         ids = _as_id_list(token_ids)[0] if token_ids is not None else []
         out = []
         for i, entry in enumerate(raw):
@@ -230,10 +212,13 @@ def _reward_value(out: Any) -> float | None:
 
 
 def _find_field(value: Any, name: str) -> Any:
+    """The field ``name`` of a snapshot (an object's or a dict's), as Python values; None
+    when it has none."""
     if isinstance(value, ObjectSnapshot):
         value = value.fields
     if isinstance(value, dict):
-        return value.get(name)
+        found = value.get(name)
+        return found.value() if type(found) is Json else found
     return None
 
 
@@ -268,14 +253,14 @@ def _collect_ids(value: Any, names: tuple[str, ...]) -> tuple[str, Any] | None:
     if isinstance(value, ObjectSnapshot):
         containers = [value.fields]
     elif isinstance(value, dict):
-        containers = [
-            value,
-            *[
-                v.fields if isinstance(v, ObjectSnapshot) else v
-                for v in value.values()
-                if isinstance(v, (dict, ObjectSnapshot))
-            ],
-        ]
+        containers = [value]
+        for v in value.values():
+            if isinstance(v, ObjectSnapshot):
+                containers.append(v.fields)
+            elif isinstance(v, dict):
+                containers.append(v)
+            elif type(v) is Json and any(f'"{name}":'.encode() in v.data for name in names):
+                containers.append(v.value())  # decoded only when a field name shows
     for container in containers:
         if isinstance(container, dict):
             for name in names:
@@ -287,6 +272,8 @@ def _collect_ids(value: Any, names: tuple[str, ...]) -> tuple[str, Any] | None:
 
 def _as_id_list(ids: Any) -> tuple[list[Any], int]:
     original = None
+    if type(ids) is Json:
+        ids = ids.value()
     if isinstance(ids, Truncated):
         original, ids = ids.original_len, ids.items
     if type(ids).__module__ in ("numpy", "torch") and hasattr(ids, "tolist"):

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from tracer.record import TrajectoryRecord
+from tracer.snapshot import Json
 
 MARK = "[REDACTED]"
 
@@ -80,13 +81,14 @@ def _anchor(literal: bytes) -> int | None:
     return max(rare, key=lambda i: order.get(literal[i], len(_LESS_COMMON)))
 
 
-def _occurs(data: bytes, literal: bytes, at: int | None) -> bool:
+def _occurs(data: bytes, literal: bytes, at: int | None, search: Any) -> bool:
     """``literal in data``, found through its byte at ``at`` when it has a rare one: one byte
     is found at memchr speed, while a search for several compares at nearly every position
     (ten times slower over a record). When that byte turns up too often, or there is none,
-    the plain search decides."""
+    ``search`` (the literal as a compiled regex: ``re`` finds a literal about twice as fast as
+    ``bytes.__contains__`` here) decides."""
     if at is None:
-        return literal in data
+        return search(data) is not None
     anchor = literal[at]
     pos = data.find(anchor)
     hits = 0
@@ -96,9 +98,13 @@ def _occurs(data: bytes, literal: bytes, at: int | None) -> bool:
             return True
         hits += 1
         if hits > _MAX_ANCHOR_HITS:
-            return literal in data
+            return search(data) is not None
         pos = data.find(anchor, pos + 1)
     return False
+
+
+def _gate(literal: bytes) -> tuple[bytes, int | None, Any]:
+    return literal, _anchor(literal), re.compile(re.escape(literal)).search
 
 
 class Redactor:
@@ -126,14 +132,14 @@ class Redactor:
         self._always = bool(patterns) or callback is not None
         builtins = BUILTIN_PATTERNS.items() if builtin else ()
         self._gate_lower = tuple(
-            (lit.encode(), _anchor(lit.encode()))
+            _gate(lit.encode())
             for name, (lits, _rx) in builtins
             if name not in _AS_WRITTEN
             for lit in lits
         )
         exact = [lit.encode() for lits in _AS_WRITTEN.values() for lit in lits] if builtin else []
         exact += [orjson.dumps(v)[1:-1] for v in self.literals]  # as they show in JSON
-        self._gate_exact = tuple((lit, _anchor(lit)) for lit in exact)
+        self._gate_exact = tuple(_gate(lit) for lit in exact)
         self._gate_hex = builtin
 
     def needs(self, data: bytes) -> bool:
@@ -144,13 +150,13 @@ class Redactor:
         secret's JSON-escaped value. False means the per-field pass would change nothing."""
         if self._always:
             return True
-        if any(_occurs(data, lit, at) for lit, at in self._gate_exact):
+        if any(_occurs(data, *gate) for gate in self._gate_exact):
             return True
         if self._gate_hex and _HEX_RUN in data.translate(_HEX_TABLE):
             return True
         # str.lower maps a few non-ASCII letters to ASCII ones (the Kelvin sign to k)
         low = data.lower() if data.isascii() else data.decode().lower().encode()
-        return any(_occurs(low, lit, at) for lit, at in self._gate_lower)
+        return any(_occurs(low, *gate) for gate in self._gate_lower)
 
     def text(self, s: str) -> str:
         if len(s) >= _MIN_SECRET:
@@ -168,6 +174,8 @@ class Redactor:
     def value(self, x: Any, memo: dict[int, str] | None = None) -> Any:
         # Strings and scalars inside containers are handled in the loop, without a call per
         # value: a traced rollout's record holds a few hundred of them.
+        if type(x) is Json:  # the hot path's encoding of plain data: redacted as its values
+            x = x.value()
         if isinstance(x, str):
             return self._str(x, memo)
         if isinstance(x, list):

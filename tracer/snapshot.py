@@ -1,10 +1,15 @@
 """Hot-path snapshots of arguments and results.
 
 Agent loops mutate their message lists and token lists in place after a call returns, so a
-span must hold a copy of what it saw. Copying is structural and bounded: containers are copied
-(lists, dicts, tuples, sets, numpy arrays, CPU tensors), immutable scalars are shared, other
-objects are kept by reference and rendered later by the background worker. Nothing here
-serializes, decodes or does I/O.
+span must hold a copy of what it saw. Plain JSON data (messages, token ids, tool arguments) is
+taken as JSON: one orjson call encodes it (:class:`Json`), several times faster than a
+Python-level copy, into one buffer that the garbage collector never walks and that holds its
+exact size; the record's line is later made of these very bytes (``tracer.encode``). A dict's
+top level stays a dict, so the background reads ``finish_reason`` or a reward without
+decoding. Everything else is copied structurally and bounded: containers are copied (lists,
+dicts, tuples, sets, numpy arrays, CPU tensors), immutable scalars are shared, other objects
+are kept by reference and rendered later by the background worker. Nothing here decodes or
+does I/O.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import dataclasses
 import os
 import sys
 from typing import Any
+
+import orjson
 
 # Names the token2text stage looks for; read off arbitrary objects as plain attributes too.
 TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
@@ -24,6 +31,73 @@ MAX_NESTING = _MAX_DEPTH + 1
 _FLAT_LIST_MIN = 2  # lists of numbers (token ids) are copied at C speed, items not visited
 _NUMBERS = frozenset({int, float, bool})
 _BY_REFERENCE_BYTES = 64  # charged for an object kept by reference that cannot say its size
+
+
+class Json:
+    """Plain JSON data captured as orjson's bytes on the hot path (see the module's doc)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def value(self) -> Any:
+        """The data again, as Python values (a fresh copy on every call)."""
+        return orjson.loads(self.data)
+
+    def __repr__(self) -> str:
+        return f"Json({self.data[:60]!r}{'...' if len(self.data) > 60 else ''})"
+
+
+# orjson hands these to ``default`` instead of encoding them itself; with no ``default`` given it
+# then raises, and the value takes the structural copy (a dataclass gets its type key there)
+_PLAIN_ONLY = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+               | orjson.OPT_PASSTHROUGH_SUBCLASS)  # fmt: skip
+# a list of strings longer than this in all is copied (its strings shared), not encoded
+_MAX_ENCODED_CHARS = 1 << 20
+_JSON_OVERHEAD = 96  # a Json object and its bytes object, besides the data
+
+
+def as_json(x: list[Any] | tuple[Any, ...] | dict[Any, Any], max_items: int) -> Json | None:
+    """``x`` encoded as :class:`Json`, or None where the structural copy must take it: not
+    plain JSON data (an object, a set, bytes, a key that is not a string, an int past 64 bits,
+    invalid UTF-8, a cycle), holding a None or a float that is not finite (both would read as
+    ``null``, and a NaN must stay visible), a container past ``max_items`` at its top two
+    levels (the copy cuts it on the hot path), or a list of long strings (the copy shares
+    them). Encoding runs at C speed under the GIL, so no other thread changes ``x`` meanwhile."""
+    if len(x) > max_items:
+        return None
+    if type(x) is dict:
+        for v in x.values():
+            tv = type(v)
+            if (tv is list or tv is dict or tv is tuple) and len(v) > max_items:
+                return None
+    elif x:
+        t0 = type(x[0])
+        if t0 is dict or t0 is list or t0 is tuple:  # messages: each one bounded
+            for v in x:
+                tv = type(v)
+                if (tv is list or tv is dict or tv is tuple) and len(v) > max_items:
+                    return None
+        elif t0 is str:
+            try:
+                if sum(map(len, x)) > _MAX_ENCODED_CHARS:
+                    return None
+            except TypeError:  # not all sized: orjson decides
+                pass
+    try:
+        data = orjson.dumps(x, option=_PLAIN_ONLY)
+    except TypeError:  # orjson.JSONEncodeError
+        return None
+    # a null shows as one after ":", "," or "["; an "l" first, found at memchr speed, spares
+    # the search in a list of numbers (the longest search here otherwise)
+    if b"l" in data and b"null" in data and (
+        b":null" in data or b",null" in data or b"[null" in data
+    ):
+        return None
+    # orjson's bytes keep part of the buffer they grew (several times their length): the
+    # snapshot waits in memory, so it holds an exact-size copy
+    return Json(memoryview(data).tobytes())
 
 
 class ObjectSnapshot:
@@ -64,10 +138,14 @@ def snapshot(value: Any, max_items: int = 20_000) -> tuple[Any, int]:
     t = type(value)
     if t is str:  # the most common result (a tool's): shared, only counted
         return value, len(value)
-    if t is dict and len(value) <= _FLAT_DICT_MAX and len(value) <= max_items:
-        flat = _flat_dict(value)
-        if flat is not None:
-            return flat
+    if t is dict:
+        split = _split_dict(value, max_items)
+        if split is not None:
+            return split
+    elif t is list or t is tuple:
+        encoded = as_json(value, max_items)
+        if encoded is not None:
+            return encoded, len(encoded.data) + _JSON_OVERHEAD
     budget = _Budget(max_items)
     try:
         return _snap(value, budget, 0), budget.nbytes
@@ -79,8 +157,8 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
                   max_items: int) -> tuple[dict[str, Any], int]:
     """Snapshot positional ``values`` under ``names``, then ``kwargs``; never raises.
 
-    Strings, scalars and flat dicts (tool arguments) are handled inline, without a budget
-    object or a recursive call; anything else takes the general path."""
+    Strings and scalars are taken inline; lists and dicts of plain data as :class:`Json`;
+    anything else takes the structural copy."""
     out: dict[str, Any] = {}
     nbytes = 0
     budget: _Budget | None = None
@@ -95,11 +173,11 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
             nbytes += 8
             out[name] = value
             continue
-        if t is dict and len(value) <= _FLAT_DICT_MAX and len(value) <= max_items:
-            flat = _flat_dict(value)
-            if flat is not None:
-                out[name] = flat[0]
-                nbytes += flat[1]
+        if t is list or t is dict or t is tuple:
+            encoded = as_json(value, max_items)
+            if encoded is not None:
+                out[name] = encoded
+                nbytes += len(encoded.data) + _JSON_OVERHEAD
                 continue
         if budget is None:
             budget = _Budget(max_items)
@@ -112,25 +190,30 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
     return out, nbytes + (budget.nbytes if budget is not None else 0)
 
 
-_FLAT_DICT_MAX = 32  # a dict this small of strings and numbers is copied without recursion
-
-
-def _flat_dict(d: dict[Any, Any]) -> tuple[dict[Any, Any], int] | None:
-    """``(copy, bytes)`` of a small dict whose values are all strings or numbers, else None.
-
-    The copy is taken first (one C call, atomic under the GIL) and then checked, so another
-    thread cannot slip a mutable value in between the check and the copy."""
+def _split_dict(d: dict[Any, Any], max_items: int) -> tuple[dict[Any, Any], int] | None:
+    """``(copy, bytes)`` of a dict whose values are strings, numbers or plain JSON data (the
+    last as :class:`Json`), else None. The top level is copied first (one C call, atomic under
+    the GIL), then its values are checked, so another thread cannot slip a mutable value in
+    between the check and the copy."""
+    if len(d) > max_items:
+        return None
     try:
         copy = d.copy()
     except Exception:  # a dict subclass would not get here; belt and braces
         return None
     nbytes = 16 * len(copy) + 64
-    for v in copy.values():
+    for k, v in copy.items():
         tv = type(v)
         if tv is str:
             nbytes += len(v)
         elif tv is int or tv is float or tv is bool or v is None:
             nbytes += 8
+        elif tv is list or tv is dict or tv is tuple:
+            encoded = as_json(v, max_items)
+            if encoded is None:
+                return None
+            copy[k] = encoded  # the key exists: the dict does not change size
+            nbytes += len(encoded.data) + _JSON_OVERHEAD
         else:
             return None
     return copy, nbytes
