@@ -1,7 +1,7 @@
 """The lean pipeline's shortcuts store exactly what the long way stores.
 
 - Plain data the hot path takes as JSON (``tracer.snapshot.Json``) renders as its structural
-  copy does, limits and depth markers included.
+  copy does, limits and their markers included.
 - The redaction check on a serialized record never says "nothing to redact" when the per-field
   pass would change something.
 - One serialization per record: byte-oriented backends receive the spool's bytes.
@@ -22,10 +22,19 @@ import tracer
 from tracer.backends import register_backend
 from tracer.backends.base import Exporter, ExportResult
 from tracer.encode import encode, encode_record
-from tracer.jsonable import MAX_DEPTH, Limits, json_depth, render_snapshot, to_jsonable
+from tracer.jsonable import MAX_DEPTH, Limits, render_snapshot, to_jsonable
 from tracer.record import SpanRecord, TrajectoryRecord, plain
 from tracer.redact import Redactor
-from tracer.snapshot import MAX_NESTING, Json, _Budget, _snap, snapshot, snapshot_args
+from tracer.snapshot import (
+    MAX_NESTING,
+    Json,
+    _Budget,
+    _snap,
+    json_bytes,
+    json_depth,
+    snapshot,
+    snapshot_args,
+)
 
 
 @dataclasses.dataclass
@@ -49,7 +58,7 @@ VALUES = [
     {"none": None, "a": 1},
     {"long": "y" * 500},  # past max_chars below: cut with a marker
     {"ids": list(range(100))},  # past max_items below
-    _deep(MAX_DEPTH + 3),
+    _deep(MAX_NESTING + 1),  # past the structural copy's depth: JSON keeps all of it
     {"tuple": (1, 2, (3, 4))},
     {1: "int key", (2, 3): "tuple key"},
     {"bytes": b"\x00\xffraw"},
@@ -74,12 +83,12 @@ LIMITS = [Limits(200, 50), Limits(200_000, 20_000)]
 @pytest.mark.parametrize("limits", LIMITS, ids=["tight", "wide"])
 @pytest.mark.parametrize("value", VALUES, ids=range(len(VALUES)))
 def test_json_snapshots_render_as_the_copy_does(value: Any, limits: Limits) -> None:
-    # deeper than the copy goes (it stops at MAX_NESTING), JSON renders as the value itself
+    # deeper than the structural copy goes, JSON renders as the value itself does
     copy = value if _nesting(value) > MAX_NESTING else _copied(value)
-    snap, _ = snapshot(value)
+    snap, _ = snapshot(value, limits.max_items, limits.max_chars)
     assert encode(to_jsonable(snap, limits)) == encode(to_jsonable(copy, limits))
     assert encode(render_snapshot(snap, limits)) == encode(to_jsonable(copy, limits))
-    args, _ = snapshot_args(("value",), (value,), {}, 20_000)
+    args, _ = snapshot_args(("value",), (value,), {}, limits.max_items, limits.max_chars)
     assert encode(to_jsonable(args, limits)) == encode(to_jsonable({"value": copy}, limits))
     assert encode(render_snapshot(args, limits)) == encode(to_jsonable({"value": copy}, limits))
 
@@ -88,7 +97,7 @@ def test_plain_data_is_taken_as_json_and_the_rest_is_copied() -> None:
     generate_args, nbytes = snapshot_args(("messages", "prompt_ids"), (
         [{"role": "user", "content": "hi"}], list(range(300))), {}, 20_000)  # fmt: skip
     assert all(type(v) is Json for v in generate_args.values())
-    assert nbytes >= sum(len(v.data) for v in generate_args.values())
+    assert nbytes >= sum(len(json_bytes(v)) for v in generate_args.values())
     result, _ = snapshot({"text": "ok", "response_ids": [1, 2], "finish_reason": "stop"})
     assert result["text"] == "ok" and result["finish_reason"] == "stop"  # read without decoding
     assert type(result["response_ids"]) is Json
@@ -96,9 +105,14 @@ def test_plain_data_is_taken_as_json_and_the_rest_is_copied() -> None:
     for value in ({"none": None}, [1.0, float("nan")], [{1, 2}], [Point(1, 2.0)], [{1: "a"}]):
         assert Json not in {type(snapshot(value)[0])} | {type(v) for v in snapshot_args(
             ("v",), (value,), {}, 20_000)[0].values()}, value  # fmt: skip
-    # past max_items at either of the top two levels: cut by the copy on the hot path
+    # what rendering would cut is cut by the copy on the hot path: past max_items at either of
+    # the top two levels, or deeper; a string past max_chars; nesting past MAX_DEPTH
     assert type(snapshot(list(range(100)), max_items=50)[0]) is not Json
     assert type(snapshot([list(range(100))], max_items=50)[0]) is not Json
+    assert type(snapshot([1, [[list(range(100))]]], max_items=50)[0]) is not Json
+    assert type(snapshot(["a", ["b"] * 100], max_items=50)[0]) is not Json
+    assert type(snapshot(["a" * 100], max_chars=50)[0]) is not Json
+    assert type(snapshot(list(range(100)), max_chars=50)[0]) is Json  # no string: no cut
 
 
 def _nesting(x: Any) -> int:
@@ -118,12 +132,21 @@ def test_json_depth_skips_strings(value: Any) -> None:
     assert json_depth(orjson.dumps(value)) == _nesting(value)
 
 
-@pytest.mark.parametrize("value", NESTED, ids=range(len(NESTED)))
-def test_deep_json_gets_the_walks_depth_marker(value: Any) -> None:
+@pytest.mark.parametrize("value", [*NESTED, _deep(300)], ids=range(len(NESTED) + 1))
+def test_json_keeps_what_orjson_can_nest(value: Any) -> None:
+    # orjson encodes up to 254 levels: JSON keeps them all (no walk recurses into it); deeper,
+    # the structural copy takes the value and marks where it stopped
     limits = Limits(200_000, 20_000)
-    assert plain(to_jsonable(snapshot(value)[0], limits)) == to_jsonable(value, limits)
-    args, _ = snapshot_args(("value",), (value,), {}, 20_000)
-    assert plain(to_jsonable(args, limits)) == to_jsonable({"value": value}, limits)
+    snap, _ = snapshot(value)
+    args, _ = snapshot_args(("value",), (value,), {}, 20_000, 200_000)
+    if _nesting(value) <= 254:
+        top = snap.values() if type(snap) is dict else [snap]  # a dict's top level stays one
+        assert all(type(v) is Json for v in top) and type(args["value"]) is Json
+        assert plain(to_jsonable(snap, limits)) == value
+        assert plain(to_jsonable(args, limits)) == {"value": value}
+    else:
+        assert type(snap) is not Json and type(args["value"]) is not Json
+        assert "too deeply nested" in encode(to_jsonable(snap, limits)).decode()
 
 
 def test_a_rendered_snapshot_is_not_the_callers_object() -> None:

@@ -1,8 +1,8 @@
 """One record, one serialization: the JSON line the spool stores and byte-oriented backends
 (JSONL) write as they are. orjson is the encoder: one C call per record (the standard
 library's encoder was half of the background's time per trajectory). Plain data the hot path
-already took as JSON (``tracer.snapshot.Json``) goes into the line as those very bytes
-(``orjson.Fragment``), so the big payloads are encoded once, on the hot path, at C speed.
+already took as JSON (``tracer.snapshot.Json``, an ``orjson.Fragment``) goes into the line as
+those very bytes, so the big payloads are encoded once, on the hot path, at C speed.
 
 Records are already JSON-able when they get here (``tracer.jsonable`` rendered them within
 their limits); ``str`` is a backstop for a value a user's attribute slipped past it.
@@ -16,19 +16,15 @@ from typing import Any
 import orjson
 
 from tracer.record import TrajectoryRecord
-from tracer.snapshot import Json
+from tracer.snapshot import Json, json_value
 
 # Not OPT_SERIALIZE_NUMPY: rendering already turned arrays into lists, and with it orjson
-# imports numpy (~80 ms) the first time it meets a type of its own (a Json)
+# imports numpy (~80 ms) the first time ``default`` is asked about a type
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
-def _fragment(x: Any) -> Any:
-    return orjson.Fragment(x.data) if type(x) is Json else str(x)
-
-
 def _decoded(x: Any) -> Any:
-    return x.value() if type(x) is Json else str(x)
+    return json_value(x) if type(x) is Json else str(x)
 
 
 def encode(value: Any) -> bytes:
@@ -36,7 +32,7 @@ def encode(value: Any) -> bytes:
     try:
         # orjson's bytes keep part of the buffer they grew: lines that wait in memory are
         # copied to their exact size
-        return memoryview(orjson.dumps(value, default=_fragment, option=_OPTIONS)).tobytes()
+        return memoryview(orjson.dumps(value, default=str, option=_OPTIONS)).tobytes()
     except TypeError:  # what orjson refuses and the standard library writes: ints past 64 bits
         return json.dumps(value, default=_decoded, ensure_ascii=False,
                           separators=(",", ":")).encode()  # fmt: skip

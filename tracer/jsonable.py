@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from itertools import accumulate
 from typing import Any
 
 from tracer.snapshot import Json, ObjectSnapshot, Truncated
 
 MAX_DEPTH = 24
+
 _JSON_INTS = frozenset({int, bool, type(None)})
 _JSON_NUMBERS = frozenset({int, bool, float})
 
@@ -53,53 +53,15 @@ def _cut_str(s: str, limits: Limits) -> str:
     return s
 
 
-_OPENS = b"[{"
-# +1 for an opening bracket, -1 for a closing one (by byte value); the rest are removed first
-_STEP = [1 if b in _OPENS else -1 for b in range(256)]
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
-def json_depth(data: bytes) -> int:
-    """How deeply the containers of compact JSON ``data`` nest, strings skipped; at C speed."""
-    if b'"' in data:  # drop escaped backslashes and quotes, then every string's contents
-        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-        data = b"".join(data.split(b'"')[0::2])
-    brackets = data.translate(None, _NOT_BRACKETS)
-    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
-
-
-def _json_fits(x: Json, limits: Limits, depth: int) -> bool:
-    """Whether no limit applies to what ``x`` holds, sitting at ``depth``: its bytes are no
-    longer than ``max_chars`` (so no string is) nor than ``2 * max_items`` (so no list or dict
-    is longer), and its containers nest within ``MAX_DEPTH``."""
-    data = x.data
-    n = len(data)
-    if n > limits.max_chars or n > 2 * limits.max_items:
-        return False
-    room = MAX_DEPTH - depth + 1  # containers it may nest, itself included
-    return (
-        n <= room
-        or data.count(b"[") + data.count(b"{") <= room
-        or json_depth(data) <= room
-    )
-
-
-def _render_json(x: Json, limits: Limits, depth: int, path: set[int] | None) -> Any:
-    """A :class:`Json` snapshot rendered: itself when no limit applies to it, else the walk
-    over its decoded value. Either way, what the walk would make of the value it holds."""
-    if _json_fits(x, limits, depth):
-        return x
-    return to_jsonable(x.value(), limits, depth, path)
-
-
 def render_snapshot(x: Any, limits: Limits) -> Any:
     """``to_jsonable(x, limits)`` for a span's inputs or outputs, with the hot path's shapes
-    taken as they are (a snapshot is the span's private copy): a :class:`Json` that no limit
-    applies to, and a dict of such, of strings within ``max_chars`` and of ints, booleans,
-    finite floats and None, under string keys."""
+    taken as they are (a snapshot is the span's private copy): a :data:`Json` (the hot path
+    made it only where no limit applies: ``tracer.snapshot.as_json``), and a dict of such, of
+    strings within ``max_chars`` and of ints, booleans, finite floats and None, under string
+    keys."""
     t = type(x)
     if t is Json:
-        return _render_json(x, limits, 0, None)
+        return x
     if t is dict and len(x) <= limits.max_items:
         max_chars = limits.max_chars
         for k, v in x.items():
@@ -108,8 +70,7 @@ def render_snapshot(x: Any, limits: Limits) -> Any:
                 if len(v) > max_chars or (not v.isascii() and _cut_str(v, limits) is not v):
                     break
             elif tv is Json:
-                if not _json_fits(v, limits, 1):
-                    break
+                pass
             elif not (tv is int or tv is bool or v is None
                       or (tv is float and math.isfinite(v))):  # fmt: skip
                 break
@@ -129,8 +90,8 @@ def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None 
         return x
     if t is float:
         return x if math.isfinite(x) else str(x)
-    if t is Json:
-        return _render_json(x, limits, _depth, _path)
+    if t is Json:  # made only where no limit applies (tracer.snapshot.as_json)
+        return x
     if _depth > MAX_DEPTH:
         return f"<max depth {MAX_DEPTH} reached: {type(x).__qualname__}>"
     if _path is None:

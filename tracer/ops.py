@@ -131,26 +131,28 @@ def _begin(traj: Trajectory, parent_id: int, op: _OpInfo, args: tuple[Any, ...],
     # hot_ns); the span's start includes its own snapshot, a microsecond or so.
     t0 = time_ns()
     tracer = traj.tracer
-    max_items = tracer.config.max_list_items
+    config = tracer.config
+    max_items, max_chars = config.max_list_items, config.max_field_chars
     try:
         names = op.fast_names
         if names is not None and len(args) <= len(names):
             # common case: positional-or-keyword parameters, no signature binding needed
             if op.is_method:
-                inputs, nbytes = snapshot_args(names[1 : len(args)], args[1:], kwargs, max_items)
+                inputs, nbytes = snapshot_args(names[1 : len(args)], args[1:], kwargs,
+                                               max_items, max_chars)  # fmt: skip
             else:
-                inputs, nbytes = snapshot_args(names, args, kwargs, max_items)
+                inputs, nbytes = snapshot_args(names, args, kwargs, max_items, max_chars)
         else:
             bound = op.signature.bind_partial(*args, **kwargs).arguments
             for skipped in op.skip:
                 bound.pop(skipped, None)
-            inputs, nbytes = snapshot_args((), (), bound, max_items)
+            inputs, nbytes = snapshot_args((), (), bound, max_items, max_chars)
     except Exception as exc:  # arguments that do not bind: record, never fail the call
         inputs, nbytes = {"__bind_error__": f"{type(exc).__name__}: {exc}"}, 64
     if op.defaults and "__bind_error__" not in inputs:
         for pname, default in op.defaults:
             if pname not in inputs:
-                inputs[pname] = snapshot(default, max_items)[0]
+                inputs[pname] = snapshot(default, max_items, max_chars)[0]
     span = Span(op.name, op.kind, parent_id, inputs, t0)
     if op.on_begin is not None:
         op.on_begin(span, args, tracer)
@@ -164,7 +166,8 @@ def _begin(traj: Trajectory, parent_id: int, op: _OpInfo, args: tuple[Any, ...],
 
 def _finish(traj: Trajectory, span: Span, result: Any) -> None:
     span.end_ns = t0 = time_ns()
-    span.outputs, nbytes = snapshot(result, traj.tracer.config.max_list_items)
+    config = traj.tracer.config
+    span.outputs, nbytes = snapshot(result, config.max_list_items, config.max_field_chars)
     traj.nbytes += nbytes
     traj.hot_ns += time_ns() - t0
 
@@ -312,7 +315,8 @@ def _wrap_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
             raise
         except BaseException as exc:
             _fail(span, exc)
-            span.outputs, _ = snapshot(yielded, traj.tracer.config.max_list_items)
+            span.outputs, _ = snapshot(yielded, traj.tracer.config.max_list_items,
+                                          traj.tracer.config.max_field_chars)
             raise
 
     return wrapper
@@ -376,7 +380,8 @@ def _wrap_async_gen(fn: Callable[..., Any], op: _OpInfo) -> Callable[..., Any]:
             raise
         except BaseException as exc:
             _fail(span, exc)
-            span.outputs, _ = snapshot(yielded, traj.tracer.config.max_list_items)
+            span.outputs, _ = snapshot(yielded, traj.tracer.config.max_list_items,
+                                          traj.tracer.config.max_field_chars)
             raise
 
     return wrapper

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracer.snapshot import Json
+from tracer.snapshot import Json, json_value
 
 SCHEMA_VERSION = 2
 
@@ -44,12 +44,12 @@ def is_verl_style(attributes: dict[str, Any]) -> bool:
 
 
 def plain(x: Any) -> Any:
-    """``x`` with every :class:`~tracer.snapshot.Json` in it decoded (they sit as a span's
+    """``x`` with every :data:`~tracer.snapshot.Json` in it decoded (they sit as a span's
     whole inputs or outputs or as values of its dicts, never inside a list); ``x`` itself
     when it holds none."""
     t = type(x)
     if t is Json:
-        return x.value()
+        return json_value(x)
     if t is dict and any(type(v) is Json or type(v) is dict for v in x.values()):
         return {k: plain(v) for k, v in x.items()}
     return x
@@ -58,7 +58,7 @@ def plain(x: Any) -> Any:
 @dataclass
 class SpanRecord:
     """One operation inside a trajectory. ``inputs``/``outputs``/``attributes`` are JSON-able;
-    inputs and outputs may hold :class:`~tracer.snapshot.Json` (the hot path's encoding of
+    inputs and outputs may hold :data:`~tracer.snapshot.Json` (the hot path's encoding of
     plain data) until the record is materialized."""
 
     span_id: str  # 16 hex chars, unique within the trace

@@ -8,10 +8,12 @@ import math
 import traceback
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from tracer.fast_decode import fast_decoder
 from tracer.jsonable import Limits, render_snapshot, safe_repr, to_jsonable, truncation_marker
 from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
-from tracer.snapshot import Json, ObjectSnapshot, Truncated
+from tracer.snapshot import Json, ObjectSnapshot, Truncated, json_bytes, json_value
 from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
 
 if TYPE_CHECKING:
@@ -26,7 +28,7 @@ _LOGPROB_FIELDS = ("logprobs", "log_probs", "response_logprobs")
 
 
 def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> TrajectoryRecord:
-    """The trajectory's record. Plain data the hot path took as JSON stays :class:`Json` in
+    """The trajectory's record. Plain data the hot path took as JSON stays :data:`Json` in
     it (``tracer.encode`` writes those bytes as they are; ``TrajectoryRecord.materialize``
     decodes them for backends that want Python values)."""
     verl = is_verl_style(traj.attributes)
@@ -218,7 +220,7 @@ def _find_field(value: Any, name: str) -> Any:
         value = value.fields
     if isinstance(value, dict):
         found = value.get(name)
-        return found.value() if type(found) is Json else found
+        return json_value(found) if type(found) is Json else found
     return None
 
 
@@ -259,8 +261,10 @@ def _collect_ids(value: Any, names: tuple[str, ...]) -> tuple[str, Any] | None:
                 containers.append(v.fields)
             elif isinstance(v, dict):
                 containers.append(v)
-            elif type(v) is Json and any(f'"{name}":'.encode() in v.data for name in names):
-                containers.append(v.value())  # decoded only when a field name shows
+            elif type(v) is Json:
+                data = json_bytes(v)
+                if any(f'"{name}":'.encode() in data for name in names):
+                    containers.append(orjson.loads(data))  # decoded only when a name shows
     for container in containers:
         if isinstance(container, dict):
             for name in names:
@@ -273,7 +277,7 @@ def _collect_ids(value: Any, names: tuple[str, ...]) -> tuple[str, Any] | None:
 def _as_id_list(ids: Any) -> tuple[list[Any], int]:
     original = None
     if type(ids) is Json:
-        ids = ids.value()
+        ids = json_value(ids)
     if isinstance(ids, Truncated):
         original, ids = ids.original_len, ids.items
     if type(ids).__module__ in ("numpy", "torch") and hasattr(ids, "tolist"):

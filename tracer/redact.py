@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from tracer.record import TrajectoryRecord
-from tracer.snapshot import Json
+from tracer.snapshot import Json, json_value
 
 MARK = "[REDACTED]"
 
@@ -175,7 +175,7 @@ class Redactor:
         # Strings and scalars inside containers are handled in the loop, without a call per
         # value: a traced rollout's record holds a few hundred of them.
         if type(x) is Json:  # the hot path's encoding of plain data: redacted as its values
-            x = x.value()
+            x = json_value(x)
         if isinstance(x, str):
             return self._str(x, memo)
         if isinstance(x, list):

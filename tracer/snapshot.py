@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -33,21 +34,11 @@ _NUMBERS = frozenset({int, float, bool})
 _BY_REFERENCE_BYTES = 64  # charged for an object kept by reference that cannot say its size
 
 
-class Json:
-    """Plain JSON data captured as orjson's bytes on the hot path (see the module's doc)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def value(self) -> Any:
-        """The data again, as Python values (a fresh copy on every call)."""
-        return orjson.loads(self.data)
-
-    def __repr__(self) -> str:
-        return f"Json({self.data[:60]!r}{'...' if len(self.data) > 60 else ''})"
-
+# A snapshot taken as JSON: orjson's own ``Fragment``, which orjson writes into a line as the
+# bytes it holds, and which the garbage collector does not track (so neither is a dict of
+# strings and fragments: a span's arguments cost the collector nothing while they wait).
+# ``json_bytes``/``json_value`` read it back.
+Json = orjson.Fragment
 
 # orjson hands these to ``default`` instead of encoding them itself; with no ``default`` given it
 # then raises, and the value takes the structural copy (a dataclass gets its type key there)
@@ -55,18 +46,47 @@ _PLAIN_ONLY = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIM
                | orjson.OPT_PASSTHROUGH_SUBCLASS)  # fmt: skip
 # a list of strings longer than this in all is copied (its strings shared), not encoded
 _MAX_ENCODED_CHARS = 1 << 20
-_JSON_OVERHEAD = 96  # a Json object and its bytes object, besides the data
+_JSON_OVERHEAD = 64  # a Fragment and its bytes object, besides the data
+_OPENS = b"[{"
+# +1 for an opening bracket, -1 for a closing one (by byte value); the rest are removed first
+_STEP = [1 if b in _OPENS else -1 for b in range(256)]
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def as_json(x: list[Any] | tuple[Any, ...] | dict[Any, Any], max_items: int) -> Json | None:
-    """``x`` encoded as :class:`Json`, or None where the structural copy must take it: not
-    plain JSON data (an object, a set, bytes, a key that is not a string, an int past 64 bits,
-    invalid UTF-8, a cycle), holding a None or a float that is not finite (both would read as
-    ``null``, and a NaN must stay visible), a container past ``max_items`` at its top two
-    levels (the copy cuts it on the hot path), or a list of long strings (the copy shares
-    them). Encoding runs at C speed under the GIL, so no other thread changes ``x`` meanwhile."""
+def json_bytes(x: Json) -> bytes:
+    """The JSON a :data:`Json` holds."""
+    return orjson.dumps(x)
+
+
+def json_value(x: Json) -> Any:
+    """The data a :data:`Json` holds, as Python values (a fresh copy on every call)."""
+    return orjson.loads(orjson.dumps(x))
+
+
+def json_depth(data: bytes) -> int:
+    """How deeply the containers of compact JSON ``data`` nest, strings skipped; at C speed."""
+    if b'"' in data:  # drop escaped backslashes and quotes, then every string's contents
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+        data = b"".join(data.split(b'"')[0::2])
+    brackets = data.translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def as_json(
+    x: list[Any] | tuple[Any, ...] | dict[Any, Any], max_items: int, max_chars: int
+) -> tuple[Json, int] | None:
+    """``x`` encoded as :data:`Json`, with the bytes it holds; or None where the structural
+    copy must take it: not plain JSON data (an object, a set, bytes, a key that is not a
+    string, an int past 64 bits, invalid UTF-8, a cycle), holding a None or a float that is
+    not finite (both would read as ``null``, and a NaN must stay visible), a list of long
+    strings (the copy shares them), or data that rendering would cut: a string past
+    ``max_chars``, a list or dict past ``max_items`` (both proven absent from the bytes: the
+    background then takes them as they are). Nesting is bounded by orjson (254 levels; the
+    structural copy stops at 12, rendering's walk at 24). Encoding runs
+    at C speed under the GIL, so no other thread changes ``x`` meanwhile."""
     if len(x) > max_items:
         return None
+    checked = True  # whether the lengths of the top two levels are known to be in bounds
     if type(x) is dict:
         for v in x.values():
             tv = type(v)
@@ -79,12 +99,14 @@ def as_json(x: list[Any] | tuple[Any, ...] | dict[Any, Any], max_items: int) -> 
                 tv = type(v)
                 if (tv is list or tv is dict or tv is tuple) and len(v) > max_items:
                     return None
-        elif t0 is str:
-            try:
-                if sum(map(len, x)) > _MAX_ENCODED_CHARS:
-                    return None
-            except TypeError:  # not all sized: orjson decides
-                pass
+        else:
+            checked = False
+            if t0 is str:
+                try:
+                    if sum(map(len, x)) > _MAX_ENCODED_CHARS:
+                        return None
+                except TypeError:  # not all sized: orjson decides
+                    pass
     try:
         data = orjson.dumps(x, option=_PLAIN_ONLY)
     except TypeError:  # orjson.JSONEncodeError
@@ -95,9 +117,17 @@ def as_json(x: list[Any] | tuple[Any, ...] | dict[Any, Any], max_items: int) -> 
         b":null" in data or b",null" in data or b"[null" in data
     ):
         return None
-    # orjson's bytes keep part of the buffer they grew (several times their length): the
-    # snapshot waits in memory, so it holds an exact-size copy
-    return Json(memoryview(data).tobytes())
+    n = len(data)
+    if n > max_chars and b'"' in data:  # no string in it is longer than the whole
+        return None
+    if n > 2 * max_items:  # each item takes two bytes at least: shorter, none is too long
+        brackets = data.count(b"[") + data.count(b"{")  # strings' brackets count too: a bound
+        # only the top level, or the top two levels checked above
+        if not (brackets == 1 or (checked and (brackets == 2 or json_depth(data) <= 2))):
+            return None
+    # orjson's bytes keep the buffer they grew (4 KiB at least): the snapshot waits in
+    # memory, so it holds an exact-size copy
+    return Json(memoryview(data).tobytes()), n + _JSON_OVERHEAD
 
 
 class ObjectSnapshot:
@@ -133,19 +163,21 @@ class _Budget:
         self.max_items = max_items
 
 
-def snapshot(value: Any, max_items: int = 20_000) -> tuple[Any, int]:
-    """Return ``(copy, approximate_bytes)`` of ``value``; never raises."""
+def snapshot(value: Any, max_items: int = 20_000, max_chars: int = 200_000) -> tuple[Any, int]:
+    """Return ``(copy, approximate_bytes)`` of ``value``; never raises. ``max_items`` and
+    ``max_chars``: the limits rendering will apply (``TraceConfig.max_list_items`` and
+    ``max_field_chars``)."""
     t = type(value)
     if t is str:  # the most common result (a tool's): shared, only counted
         return value, len(value)
     if t is dict:
-        split = _split_dict(value, max_items)
+        split = _split_dict(value, max_items, max_chars)
         if split is not None:
             return split
     elif t is list or t is tuple:
-        encoded = as_json(value, max_items)
+        encoded = as_json(value, max_items, max_chars)
         if encoded is not None:
-            return encoded, len(encoded.data) + _JSON_OVERHEAD
+            return encoded
     budget = _Budget(max_items)
     try:
         return _snap(value, budget, 0), budget.nbytes
@@ -154,7 +186,7 @@ def snapshot(value: Any, max_items: int = 20_000) -> tuple[Any, int]:
 
 
 def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[str, Any],
-                  max_items: int) -> tuple[dict[str, Any], int]:
+                  max_items: int, max_chars: int = 200_000) -> tuple[dict[str, Any], int]:
     """Snapshot positional ``values`` under ``names``, then ``kwargs``; never raises.
 
     Strings and scalars are taken inline; lists and dicts of plain data as :class:`Json`;
@@ -174,10 +206,10 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
             out[name] = value
             continue
         if t is list or t is dict or t is tuple:
-            encoded = as_json(value, max_items)
+            encoded = as_json(value, max_items, max_chars)
             if encoded is not None:
-                out[name] = encoded
-                nbytes += len(encoded.data) + _JSON_OVERHEAD
+                out[name], size = encoded
+                nbytes += size
                 continue
         if budget is None:
             budget = _Budget(max_items)
@@ -190,7 +222,9 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
     return out, nbytes + (budget.nbytes if budget is not None else 0)
 
 
-def _split_dict(d: dict[Any, Any], max_items: int) -> tuple[dict[Any, Any], int] | None:
+def _split_dict(
+    d: dict[Any, Any], max_items: int, max_chars: int
+) -> tuple[dict[Any, Any], int] | None:
     """``(copy, bytes)`` of a dict whose values are strings, numbers or plain JSON data (the
     last as :class:`Json`), else None. The top level is copied first (one C call, atomic under
     the GIL), then its values are checked, so another thread cannot slip a mutable value in
@@ -209,11 +243,11 @@ def _split_dict(d: dict[Any, Any], max_items: int) -> tuple[dict[Any, Any], int]
         elif tv is int or tv is float or tv is bool or v is None:
             nbytes += 8
         elif tv is list or tv is dict or tv is tuple:
-            encoded = as_json(v, max_items)
+            encoded = as_json(v, max_items, max_chars)
             if encoded is None:
                 return None
-            copy[k] = encoded  # the key exists: the dict does not change size
-            nbytes += len(encoded.data) + _JSON_OVERHEAD
+            copy[k] = encoded[0]  # the key exists: the dict does not change size
+            nbytes += encoded[1]
         else:
             return None
     return copy, nbytes
