@@ -113,6 +113,16 @@ def test_plain_data_is_taken_as_json_and_the_rest_is_copied() -> None:
     assert type(snapshot(["a", ["b"] * 100], max_items=50)[0]) is not Json
     assert type(snapshot(["a" * 100], max_chars=50)[0]) is not Json
     assert type(snapshot(list(range(100)), max_chars=50)[0]) is Json  # no string: no cut
+    # a long context is copied, its strings shared, not encoded on the hot path
+    context = [
+        {"role": "user", "content": "w" * 200_000},
+        {"role": "tool", "content": "x" * 100_000},
+    ]
+    assert (
+        type(snapshot(context)[0]) is not Json
+        and snapshot(context)[0][0]["content"] is context[0]["content"]
+    )
+    assert type(snapshot(["w" * 200_000, "x" * 100_000])[0]) is not Json
 
 
 def _nesting(x: Any) -> int:

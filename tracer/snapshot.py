@@ -44,8 +44,10 @@ Json = orjson.Fragment
 # then raises, and the value takes the structural copy (a dataclass gets its type key there)
 _PLAIN_ONLY = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
                | orjson.OPT_PASSTHROUGH_SUBCLASS)  # fmt: skip
-# a list of strings longer than this in all is copied (its strings shared), not encoded
-_MAX_ENCODED_CHARS = 1 << 20
+# Strings longer than this in all, in a list or in a list's dicts (a long context), are copied
+# (shared) rather than encoded: orjson encodes ~2 GB/s here, so a JSON snapshot costs the hot
+# path at most ~0.1 ms of encoding; longer contexts take the structural copy as before
+_MAX_ENCODED_CHARS = 1 << 18
 _JSON_OVERHEAD = 64  # a Fragment and its bytes object, besides the data
 _OPENS = b"[{"
 # +1 for an opening bracket, -1 for a closing one (by byte value); the rest are removed first
@@ -79,11 +81,11 @@ def as_json(
     copy must take it: not plain JSON data (an object, a set, bytes, a key that is not a
     string, an int past 64 bits, invalid UTF-8, a cycle), holding a None or a float that is
     not finite (both would read as ``null``, and a NaN must stay visible), a list of long
-    strings (the copy shares them), or data that rendering would cut: a string past
-    ``max_chars``, a list or dict past ``max_items`` (both proven absent from the bytes: the
-    background then takes them as they are). Nesting is bounded by orjson (254 levels; the
-    structural copy stops at 12, rendering's walk at 24). Encoding runs
-    at C speed under the GIL, so no other thread changes ``x`` meanwhile."""
+    strings or of messages holding long strings (the copy shares them), or data that
+    rendering would cut: a string past ``max_chars``, a list or dict past ``max_items`` (both
+    proven absent from the bytes: the background then takes them as they are). Nesting is
+    bounded by orjson (254 levels; the structural copy stops at 12, rendering's walk at 24).
+    Encoding runs at C speed under the GIL, so no other thread changes ``x`` meanwhile."""
     if len(x) > max_items:
         return None
     checked = True  # whether the lengths of the top two levels are known to be in bounds
@@ -95,10 +97,19 @@ def as_json(
     elif x:
         t0 = type(x[0])
         if t0 is dict or t0 is list or t0 is tuple:  # messages: each one bounded
+            chars = 0  # in the messages' own strings: a long context is copied, not encoded
             for v in x:
                 tv = type(v)
-                if (tv is list or tv is dict or tv is tuple) and len(v) > max_items:
+                if tv is dict:
+                    if len(v) > max_items:
+                        return None
+                    for s in v.values():
+                        if type(s) is str:
+                            chars += len(s)
+                elif (tv is list or tv is tuple) and len(v) > max_items:
                     return None
+            if chars > _MAX_ENCODED_CHARS:
+                return None
         else:
             checked = False
             if t0 is str:
