@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,6 +147,33 @@ class TrajectoryRecord:
         data.pop("schema_version", None)
         spans = [SpanRecord(**s) for s in data.pop("spans", [])]
         return cls(**data, spans=spans)
+
+
+_IOV_LINES = 512  # lines per writev call: each is two buffers, and Linux takes 1024 at most
+
+
+def write_lines(fd: int, lines: Sequence[bytes], prefix: bytes = b"") -> int:
+    """Write ``prefix``, then each line and a newline, to the file descriptor ``fd``; returns
+    the bytes written. ``os.writev`` hands the lines to the kernel as they are: a batch is
+    megabytes, and a joined copy of it would cost a fresh memory mapping and a page fault per
+    4 KiB, twice per batch (spool and JSONL)."""
+    buffers = [prefix] if prefix else []
+    for line in lines:
+        buffers += (line, b"\n")
+    if not hasattr(os, "writev"):  # not POSIX: one joined copy
+        buffers = [b"".join(buffers)]
+    total = 0
+    step = 2 * _IOV_LINES
+    for i in range(0, len(buffers), step):
+        chunk = buffers[i : i + step]
+        want = sum(map(len, chunk))
+        done = os.writev(fd, chunk) if len(chunk) > 1 else os.write(fd, chunk[0])
+        if done < want:  # a short write (a signal, a full pipe): the rest the plain way
+            view = memoryview(b"".join(chunk))[done:]
+            while view:
+                view = view[os.write(fd, view) :]
+        total += want
+    return total
 
 
 def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[TrajectoryRecord]:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer.credentials import REPLAY_ENV, store_address
-from tracer.record import TrajectoryRecord, read_jsonl
+from tracer.record import TrajectoryRecord, read_jsonl, write_lines
 
 try:
     import fcntl
@@ -165,22 +165,26 @@ class BackendSpool:
         """Write one batch (each record's JSON line, ``tracer.encode``) as a new file. None
         when the spool is full (``max_bytes``); raises ``SpoolError`` when the file system
         refuses (the caller keeps the batch in memory)."""
-        data = b"\n".join([*lines, b""])  # one copy, newline-terminated
+        size = sum(map(len, lines)) + len(lines)  # newline-terminated
         with self._lock:
-            if self.used + len(data) > self.max_bytes:
+            if self.used + size > self.max_bytes:
                 return None
             self._counter += 1
             name = f"{time.time_ns():019d}_{self.owner}_{self._counter:08d}_{len(lines)}.jsonl"
-            self.used += len(data)
+            self.used += size
         path = self.dir / name
         tmp = self.dir / f".{name}.tmp"
         try:
-            _write_new(tmp, data)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                write_lines(fd, lines)
+            finally:
+                os.close(fd)
             os.replace(tmp, path)  # a reader never sees half a batch
         except OSError as exc:
             _unlink(tmp)
             with self._lock:
-                self.used = max(0, self.used - len(data))
+                self.used = max(0, self.used - size)
             raise SpoolError(exc.errno or errno.EIO, f"spool write failed: {exc}") from exc
         return path
 

@@ -53,7 +53,7 @@ from tracer.annotations import AnnotationRecord
 from tracer.backends.base import Exporter, ExportResult, RecentIds
 from tracer.config import TraceConfig
 from tracer.encode import encode_record
-from tracer.record import TrajectoryRecord, read_jsonl
+from tracer.record import TrajectoryRecord, read_jsonl, write_lines
 
 __all__ = ["JsonlExporter", "default_jsonl_path", "read_jsonl"]
 
@@ -102,8 +102,7 @@ class JsonlExporter(Exporter):
                 with open(self.path, "a+b") as f:
                     # a writer that crashed mid-line left a fragment: start on a fresh line
                     prefix = b"\n" if f.tell() > 0 and _last_byte(f) != b"\n" else b""
-                    f.write(b"\n".join([prefix + new[0], *new[1:], b""]))
-                    f.flush()
+                    write_lines(f.fileno(), new, prefix)  # O_APPEND: at the end, unbuffered
                     os.fsync(f.fileno())
                 for key, start_ns in ids.items():
                     self._written.add(key, start_ns)
