@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from itertools import accumulate
 from typing import Any
@@ -49,6 +50,7 @@ _PLAIN_ONLY = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIM
 # path at most ~0.1 ms of encoding; longer contexts take the structural copy as before
 _MAX_ENCODED_CHARS = 1 << 18
 _JSON_OVERHEAD = 64  # a Fragment and its bytes object, besides the data
+_find_null = re.compile(rb"null").search
 _OPENS = b"[{"
 # +1 for an opening bracket, -1 for a closing one (by byte value); the rest are removed first
 _STEP = [1 if b in _OPENS else -1 for b in range(256)]
@@ -123,8 +125,8 @@ def as_json(
     except TypeError:  # orjson.JSONEncodeError
         return None
     # a null shows as one after ":", "," or "["; an "l" first, found at memchr speed, spares
-    # the search in a list of numbers (the longest search here otherwise)
-    if b"l" in data and b"null" in data and (
+    # the search in a list of numbers (``re`` finds a literal twice as fast as ``in`` here)
+    if b"l" in data and _find_null(data) is not None and (
         b":null" in data or b",null" in data or b"[null" in data
     ):
         return None
