@@ -57,28 +57,37 @@ def render_snapshot(x: Any, limits: Limits) -> Any:
     """``to_jsonable(x, limits)`` for a span's inputs or outputs, with the hot path's shapes
     taken as they are (a snapshot is the span's private copy): a :data:`Json` (the hot path
     made it only where no limit applies: ``tracer.snapshot.as_json``), and a dict of such, of
-    strings within ``max_chars`` and of ints, booleans, finite floats and None, under string
-    keys."""
+    strings within ``max_chars``, of ints, booleans, finite floats and None, and of flat dicts
+    of those (tool arguments), under string keys."""
     t = type(x)
     if t is Json:
         return x
-    if t is dict and len(x) <= limits.max_items:
-        max_chars = limits.max_chars
-        for k, v in x.items():
-            tv = type(v)
-            if tv is str:
-                if len(v) > max_chars or (not v.isascii() and _cut_str(v, limits) is not v):
-                    break
-            elif tv is Json:
-                pass
-            elif not (tv is int or tv is bool or v is None
-                      or (tv is float and math.isfinite(v))):  # fmt: skip
-                break
-            if type(k) is not str:
-                break
-        else:
-            return x
+    if t is dict and _as_is(x, limits, True):
+        return x
     return to_jsonable(x, limits)
+
+
+def _as_is(x: dict[Any, Any], limits: Limits, top: bool) -> bool:
+    """Whether rendering leaves the dict ``x`` as it is (see ``render_snapshot``)."""
+    if len(x) > limits.max_items:
+        return False
+    max_chars = limits.max_chars
+    for k, v in x.items():
+        if type(k) is not str:
+            return False
+        tv = type(v)
+        if tv is str:
+            if len(v) > max_chars or (not v.isascii() and _cut_str(v, limits) is not v):
+                return False
+        elif tv is Json:
+            if not top:
+                return False
+        elif tv is dict:
+            if not (top and _as_is(v, limits, False)):
+                return False
+        elif not (tv is int or tv is bool or v is None or (tv is float and math.isfinite(v))):
+            return False
+    return True
 
 
 def to_jsonable(x: Any, limits: Limits, _depth: int = 0, _path: set[int] | None = None) -> Any:

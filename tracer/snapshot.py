@@ -218,6 +218,12 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
             nbytes += 8
             out[name] = value
             continue
+        if t is dict and len(value) <= _FLAT_DICT_MAX:
+            flat = _flat_dict(value)
+            if flat is not None:  # tool arguments: a shallow copy is cheaper than encoding
+                out[name], size = flat
+                nbytes += size
+                continue
         if t is list or t is dict or t is tuple:
             encoded = as_json(value, max_items, max_chars)
             if encoded is not None:
@@ -233,6 +239,31 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
         for name, value in kwargs.items():
             out[name] = _snap_safe(value, budget)
     return out, nbytes + (budget.nbytes if budget is not None else 0)
+
+
+_FLAT_DICT_MAX = 32  # a dict this small of strings and numbers is copied, not encoded
+
+
+def _flat_dict(d: dict[Any, Any]) -> tuple[dict[Any, Any], int] | None:
+    """``(copy, bytes)`` of a small dict whose values are all strings or numbers, else None.
+
+    The copy is taken first (one C call, atomic under the GIL) and then checked, so another
+    thread cannot slip a mutable value in between the check and the copy. Such a dict holds
+    nothing the garbage collector tracks, and neither does its copy."""
+    try:
+        copy = d.copy()
+    except Exception:  # a dict subclass would not get here; belt and braces
+        return None
+    nbytes = 16 * len(copy) + 64
+    for v in copy.values():
+        tv = type(v)
+        if tv is str:
+            nbytes += len(v)
+        elif tv is int or tv is float or tv is bool or v is None:
+            nbytes += 8
+        else:
+            return None
+    return copy, nbytes
 
 
 def _split_dict(
