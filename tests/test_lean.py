@@ -344,3 +344,51 @@ def test_the_line_is_the_records_json_with_the_hot_paths_bytes_in_it(tmp_path: P
             assert b"[REDACTED]" in encode_record(record)
     finally:
         tracer.reset()
+
+
+def _holds_fragments(x: Any) -> bool:
+    if type(x) is Json:
+        return True
+    if isinstance(x, dict):
+        return any(_holds_fragments(v) for v in x.values())
+    if isinstance(x, list):
+        return any(_holds_fragments(v) for v in x)
+    return False
+
+
+def test_backends_and_keep_rules_that_read_values_get_them_decoded(tmp_path: Path) -> None:
+    """The memory backend (Python values) and a keep predicate see plain lists and dicts;
+    the JSONL line, written from the hot path's bytes, holds the same data."""
+    from tracer.testing import InMemoryExporter
+
+    seen: list[Any] = []
+
+    def predicate(record: TrajectoryRecord) -> bool:
+        seen.extend(s.inputs for s in record.spans)
+        return True
+
+    @tracer.trace_op(kind="generate")
+    def generate(messages: list[dict[str, str]], prompt_ids: list[int]) -> dict[str, Any]:
+        return {"text": "ok", "response_ids": [7, 8, 9], "finish_reason": "stop"}
+
+    messages, ids = [{"role": "user", "content": "hi"}], [1, 2, 3]
+    path = tmp_path / "t.jsonl"
+    tracer.init(backend=["memory", "jsonl"], jsonl_path=str(path), spool_dir=str(tmp_path / "s"),
+                keep=["predicate"], keep_predicate=predicate,
+                max_samples_per_step_per_worker=0)  # fmt: skip
+    try:
+        with tracer.trace_attr(step=0, sample_index=0, rollout_n=0):
+            generate(messages, ids)
+        assert tracer.flush(30)
+        [record] = InMemoryExporter.latest().records
+        span = record.spans[1]
+        assert span.inputs == {"messages": messages, "prompt_ids": ids}
+        assert span.outputs["response_ids"] == [7, 8, 9]
+        assert not any(_holds_fragments(s.inputs) or _holds_fragments(s.outputs)
+                       for s in record.spans)  # fmt: skip
+        assert seen and not any(_holds_fragments(x) for x in seen)
+        line = orjson.loads(path.read_bytes())
+        assert line["spans"][1]["inputs"] == span.inputs
+        assert line["spans"][1]["outputs"] == span.outputs
+    finally:
+        tracer.reset()
