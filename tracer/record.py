@@ -45,8 +45,8 @@ def is_verl_style(attributes: dict[str, Any]) -> bool:
 
 def plain(x: Any) -> Any:
     """``x`` with every :data:`~tracer.snapshot.Json` in it decoded (they sit as a span's
-    whole inputs or outputs or as values of its dicts, never inside a list); ``x`` itself
-    when it holds none."""
+    whole inputs or outputs or as values of its dicts, never inside a list): a new dict where
+    its top level holds a Json or a dict, else ``x`` itself."""
     t = type(x)
     if t is Json:
         return json_value(x)

@@ -355,12 +355,12 @@ def _takes_skip_special_tokens(decode: Any) -> bool:
 
 def _verl_token2text(
     span: Span, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
-) -> bool:
+) -> None:
     """As verl's tracer: the prompt (the output's ``prompt_ids``, else the input's) and the
     response (the output's ``response_ids``, else ``token_ids``) decoded into the span's
     outputs as ``prompt_text`` / ``response_text``; also kept as attributes (turns table)."""
     if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
-        return False  # verl skips ops whose object has no tokenizer
+        return  # verl skips ops whose object has no tokenizer
     inputs = span.inputs if isinstance(span.inputs, dict) else {}
     prompt = _find_field(span.outputs, "prompt_ids")
     if prompt is None:
@@ -368,48 +368,41 @@ def _verl_token2text(
     response = _find_field(span.outputs, "response_ids")
     if response is None:
         response = _find_field(span.outputs, "token_ids")
-    wrote = False
     for label, ids in (("prompt", prompt), ("response", response)):
         if ids is not None:
-            wrote |= _decode_into(label, ids, tokenizer, attrs, outputs, limits)
-    return wrote
+            _decode_into(label, ids, tokenizer, attrs, outputs, limits)
 
 
 def _token2text(
     span: Span, inputs: Any, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
-) -> bool:
+) -> None:
     found = [
         ("prompt", _collect_ids(span.inputs, (*_PROMPT_FIELDS, "token_ids")), inputs),
         ("response", _collect_ids(span.outputs, _RESPONSE_FIELDS), outputs),
     ]
-    wrote = False
     for label, hit, target in found:
         if hit is None:
             continue
         if tokenizer is None:
             attrs["token2text_error"] = "no tokenizer: call tracer.register_tokenizer(tok)"
-            return wrote
-        wrote |= _decode_into(label, hit[1], tokenizer, attrs, target, limits)
-    return wrote
+            return
+        _decode_into(label, hit[1], tokenizer, attrs, target, limits)
 
 
 def _decode_into(label: str, ids: Any, tokenizer: Any, attrs: dict[str, Any], target: Any,
-                 limits: Limits) -> bool:  # fmt: skip
+                 limits: Limits) -> None:  # fmt: skip
     """Decode ``ids`` into ``<label>_text`` / ``<label>_tokens`` attributes (and ``target``'s
-    ``<label>_text`` when it is a dict: then True); a tokenizer that raises leaves
-    ``token2text_error``."""
+    ``<label>_text`` when it is a dict); a tokenizer that raises leaves ``token2text_error``."""
     try:
         text, count = decode_ids(tokenizer, ids)
     except Exception as exc:
         attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
-        return False
+        return
     text = to_jsonable(text, limits)
     attrs[f"{label}_text"] = text
     attrs[f"{label}_tokens"] = count
     if isinstance(target, dict):
         target[f"{label}_text"] = text
-        return True
-    return False
 
 
 def _fill_root(spans: list[SpanRecord], reward: float | None) -> None:
