@@ -320,6 +320,7 @@ def test_trajectory_in_mlflow_ui(traced: tuple[MlflowServer, str, dict], tmp_pat
         shutil.copyfile(shot, DOCS_PNG)
 
 
+@needs_chromium
 def test_mlflow_ui_sessions_and_compact_ids(
     traced: tuple[MlflowServer, str, dict], tmp_path: Path
 ) -> None:
