@@ -1,7 +1,8 @@
 """The data types of a trajectory being recorded: the bottom of the house.
 
 The hot path (``tracer.ops``) produces them; the pipeline and the record builder
-(``tracer.build``) consume them. They hold raw snapshots only: rendering, decoding and
+(``tracer.record_builder``) consume them. They hold raw snapshots only (``tracer.snapshot``:
+plain data already as its JSON, anything else copied): rendering, decoding and the record's
 serialization happen off the hot path.
 """
 
