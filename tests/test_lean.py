@@ -392,3 +392,13 @@ def test_backends_and_keep_rules_that_read_values_get_them_decoded(tmp_path: Pat
         assert line["spans"][1]["outputs"] == span.outputs
     finally:
         tracer.reset()
+
+
+def test_the_per_field_pass_decodes_only_the_json_that_holds_a_secret() -> None:
+    args, _ = snapshot_args(("messages", "prompt_ids"), (
+        [{"role": "user", "content": "my key is sk-abcdefghijklmnopqrstuvwx"}],
+        list(range(1000))), {}, 20_000, 200_000)  # fmt: skip
+    assert all(type(v) is Json for v in args.values())
+    out = Redactor([]).value(args)
+    assert out["messages"] == [{"role": "user", "content": "my key is [REDACTED]"}]
+    assert out["prompt_ids"] is args["prompt_ids"]  # nothing to change: its bytes stay

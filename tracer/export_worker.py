@@ -253,6 +253,9 @@ class ExportWorker:
                     self._settle(batch)
                     self._drop(batch, "spool_lost")
                 return True
+        if lines is None:  # a backend that reads the records: decoded now, not while waiting
+            for record in records:
+                record.materialize()
         replay = batch.attempted or not batch.own
         batch.attempted = True
         retries = 0 if (self.down or replay) else self.config.export_max_retries

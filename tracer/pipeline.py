@@ -354,9 +354,6 @@ class Pipeline:
             return
         lines = [line if line is not None else encode_record(record)
                  for record, line in zip(out.records, out.lines, strict=True)]  # fmt: skip
-        if not all(w.wants_lines for w in self.workers):  # one reads the records themselves
-            for record in out.records:
-                record.materialize()
         nbytes = sum(len(line) for line in lines)
         born_ns = min(out.born) if out.born else time.time_ns()
         for w in self.workers:

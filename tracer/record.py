@@ -45,14 +45,23 @@ def is_verl_style(attributes: dict[str, Any]) -> bool:
 
 def plain(x: Any) -> Any:
     """``x`` with every :data:`~tracer.snapshot.Json` in it decoded (they sit as a span's
-    whole inputs or outputs or as values of its dicts, never inside a list): a new dict where
-    its top level holds a Json or a dict, else ``x`` itself."""
+    whole inputs or outputs or as values of its dicts, never inside a list): ``x`` itself
+    when it holds none, else a copy of each dict on the way to one."""
     t = type(x)
     if t is Json:
         return json_value(x)
-    if t is dict and any(type(v) is Json or type(v) is dict for v in x.values()):
-        return {k: plain(v) for k, v in x.items()}
-    return x
+    if t is not dict:
+        return x
+    out = None
+    for k, v in x.items():
+        tv = type(v)
+        if tv is Json or tv is dict:
+            done = plain(v)
+            if done is not v:
+                if out is None:
+                    out = dict(x)
+                out[k] = done
+    return x if out is None else out
 
 
 @dataclass
@@ -127,7 +136,9 @@ class TrajectoryRecord:
 
     def materialize(self) -> TrajectoryRecord:
         """Decode, in place, the JSON the hot path took of span inputs and outputs, for
-        backends and rules that read them as Python values; returns the record."""
+        backends and rules that read them as Python values; returns the record. Idempotent
+        (a decoded record is left as it is), and safe from two threads at once (each assigns
+        the same values)."""
         for span in self.spans:
             span.inputs = plain(span.inputs)
             span.outputs = plain(span.outputs)

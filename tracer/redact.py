@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from tracer.record import TrajectoryRecord
-from tracer.snapshot import Json, json_value
+from tracer.snapshot import Json, json_bytes
 
 MARK = "[REDACTED]"
 
@@ -174,8 +174,11 @@ class Redactor:
     def value(self, x: Any, memo: dict[int, str] | None = None) -> Any:
         # Strings and scalars inside containers are handled in the loop, without a call per
         # value: a traced rollout's record holds a few hundred of them.
-        if type(x) is Json:  # the hot path's encoding of plain data: redacted as its values
-            x = json_value(x)
+        if type(x) is Json:  # the hot path's encoding of plain data
+            data = json_bytes(x)
+            if not self.needs(data):  # nothing in it to change: its bytes stay as they are
+                return x
+            x = orjson.loads(data)  # redacted as its values
         if isinstance(x, str):
             return self._str(x, memo)
         if isinstance(x, list):
