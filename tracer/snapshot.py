@@ -202,7 +202,7 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
                   max_items: int, max_chars: int = 200_000) -> tuple[dict[str, Any], int]:
     """Snapshot positional ``values`` under ``names``, then ``kwargs``; never raises.
 
-    Strings and scalars are taken inline; lists and dicts of plain data as :class:`Json`;
+    Strings and scalars are taken inline; lists and dicts of plain data as :data:`Json`;
     anything else takes the structural copy."""
     out: dict[str, Any] = {}
     nbytes = 0
@@ -219,7 +219,7 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
             out[name] = value
             continue
         if t is dict and len(value) <= _FLAT_DICT_MAX:
-            flat = _flat_dict(value)
+            flat = _split_dict(value, max_items, max_chars, encode=False)
             if flat is not None:  # tool arguments: a shallow copy is cheaper than encoding
                 out[name], size = flat
                 nbytes += size
@@ -244,35 +244,14 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
 _FLAT_DICT_MAX = 32  # a dict this small of strings and numbers is copied, not encoded
 
 
-def _flat_dict(d: dict[Any, Any]) -> tuple[dict[Any, Any], int] | None:
-    """``(copy, bytes)`` of a small dict whose values are all strings or numbers, else None.
-
-    The copy is taken first (one C call, atomic under the GIL) and then checked, so another
-    thread cannot slip a mutable value in between the check and the copy. Such a dict holds
-    nothing the garbage collector tracks, and neither does its copy."""
-    try:
-        copy = d.copy()
-    except Exception:  # a dict subclass would not get here; belt and braces
-        return None
-    nbytes = 16 * len(copy) + 64
-    for v in copy.values():
-        tv = type(v)
-        if tv is str:
-            nbytes += len(v)
-        elif tv is int or tv is float or tv is bool or v is None:
-            nbytes += 8
-        else:
-            return None
-    return copy, nbytes
-
-
 def _split_dict(
-    d: dict[Any, Any], max_items: int, max_chars: int
+    d: dict[Any, Any], max_items: int, max_chars: int, encode: bool = True
 ) -> tuple[dict[Any, Any], int] | None:
     """``(copy, bytes)`` of a dict whose values are strings, numbers or plain JSON data (the
-    last as :class:`Json`), else None. The top level is copied first (one C call, atomic under
-    the GIL), then its values are checked, so another thread cannot slip a mutable value in
-    between the check and the copy."""
+    last as :data:`Json`; with ``encode`` False, a flat dict of strings and numbers only),
+    else None. The top level is copied first (one C call, atomic under the GIL), then its
+    values are checked, so another thread cannot slip a mutable value in between the check
+    and the copy. Such a copy holds nothing the garbage collector tracks."""
     if len(d) > max_items:
         return None
     try:
@@ -286,7 +265,7 @@ def _split_dict(
             nbytes += len(v)
         elif tv is int or tv is float or tv is bool or v is None:
             nbytes += 8
-        elif tv is list or tv is dict or tv is tuple:
+        elif encode and (tv is list or tv is dict or tv is tuple):
             encoded = as_json(v, max_items, max_chars)
             if encoded is None:
                 return None
