@@ -203,7 +203,7 @@ def full_disk(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
             real = spool_mod._write_new
 
-            def enospc(p: Path, data: bytes) -> None:
+            def enospc(p: Path, *args: Any, **kwargs: Any) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
 
             monkeypatch.setattr(spool_mod, "_write_new", enospc)

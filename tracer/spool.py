@@ -44,7 +44,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,7 @@ class BackendSpool:
         }
         tmp = self.dir / f".{DESTINATION_FILE}.{self.owner}.tmp"
         try:
-            _write_new(tmp, json.dumps(payload, indent=1, default=str).encode())
+            _write_new(tmp, (), prefix=json.dumps(payload, indent=1, default=str).encode())
             os.replace(tmp, meta)
         except OSError:
             # Replay needs it, export does not: a full disk must not stop the tracer here.
@@ -175,11 +175,7 @@ class BackendSpool:
         path = self.dir / name
         tmp = self.dir / f".{name}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                write_lines(fd, lines)
-            finally:
-                os.close(fd)
+            _write_new(tmp, lines)
             os.replace(tmp, path)  # a reader never sees half a batch
         except OSError as exc:
             _unlink(tmp)
@@ -317,12 +313,12 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return out
 
 
-def _write_new(path: Path, data: bytes) -> None:
+def _write_new(path: Path, lines: Sequence[bytes], prefix: bytes = b"") -> None:
+    """Create ``path`` (it must not exist) holding ``prefix``, then each line and a newline
+    (``tracer.record.write_lines``)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_lines(fd, lines, prefix)
     finally:
         os.close(fd)
 
