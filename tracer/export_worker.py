@@ -1,10 +1,12 @@
 """One export worker per backend: its batches oldest first, a thread, retries with backoff, the
 backend's spool (``tracer.spool``), and counters that reconcile. Used by ``tracer.pipeline``.
 
-Every batch goes to the backend's spool file before it is queued, when the spool can take it;
-when it cannot (disk full, read-only, over ``max_spool_bytes``), the batch is kept in memory
-and exported from there, and the failure is counted. A trajectory is lost only when neither
-memory nor the spool can hold it, and then it is counted by reason.
+Every batch goes to the backend's spool file before it is queued, when the spool can take it
+(a backend that ``writes_ahead``, JSONL, is written at once instead, on the thread that hands
+the batch over, and only a batch it refuses goes to the spool); when the spool cannot (disk
+full, read-only, over ``max_spool_bytes``), the batch is kept in memory and exported from
+there, and the failure is counted. A trajectory is lost only when neither memory nor the
+spool can hold it, and then it is counted by reason.
 
 A backend that still fails after retries is marked down: its batches wait (on disk, or in
 memory within the bound) and the oldest one probes it every ``replay_interval_s``, more often
@@ -59,8 +61,8 @@ DROP_REASONS = (
 
 
 class _Batch:
-    __slots__ = ("attempted", "born_ns", "key", "lines", "n", "nbytes", "own", "path", "records",
-                 "seq")  # fmt: skip
+    __slots__ = ("attempted", "born_ns", "first_try", "key", "lines", "n", "nbytes", "own", "path",
+                 "records", "seq")  # fmt: skip
 
     def __init__(
         self,
@@ -80,6 +82,7 @@ class _Batch:
         self.n = n
         self.nbytes = nbytes
         self.attempted = False  # sent once already: may be (partly) stored, replay with care
+        self.first_try = False  # refused once when handed over: still gets the usual retries
         self.key = batch_sort_key(path) if path is not None else (time.time_ns(), "")
 
 
@@ -98,6 +101,10 @@ class ExportWorker:
         self.outage = OutageLog(exporter.name, getattr(exporter, "destination", "") or "")
         # a byte-oriented backend writes the spool's lines; keep them in memory only for one
         self.wants_lines = type(exporter).export_encoded is not Exporter.export_encoded
+        # a backend whose stored lines outlive the process as a spool file would is written
+        # at once by put(), on the caller's thread: one copy of each batch on disk, not two
+        self.writes_ahead = self.wants_lines and bool(getattr(exporter, "writes_ahead", False))
+        self._calling = threading.Lock()  # one exporter call at a time: the thread's or put()'s
         self.config = config
         self.errors = errors
         self.spool = spool
@@ -142,8 +149,20 @@ class ExportWorker:
         nbytes: int,
         born_ns: int = 0,
     ) -> None:
-        """Take a batch: to the spool first (when it can), then in line for export.
-        ``born_ns``: when its oldest trajectory finished (the durability lag's clock)."""
+        """Take a batch: to the spool first (when it can), then in line for export; to a
+        backend that ``writes_ahead``, at once when nothing waits before it (only a batch it
+        refuses is spooled and queued). ``born_ns``: when its oldest trajectory finished (the
+        durability lag's clock)."""
+        first_try = False
+        if self.writes_ahead and lines:
+            stored = self._write_ahead(records, lines)
+            if stored is not None:
+                if stored is ExportResult.REJECTED:
+                    with self.cond:
+                        self._drop(_Batch(seq, None, None, len(records), nbytes, born_ns),
+                                   "rejected_by_backend")  # fmt: skip
+                return
+            first_try = True
         path, reason = None, "spool_full"
         if self.spool is not None and lines:
             try:
@@ -160,6 +179,7 @@ class ExportWorker:
         n = len(records)
         with self.cond:
             batch = _Batch(seq, records, path, n, nbytes, born_ns)
+            batch.attempted = batch.first_try = first_try  # it may be stored in part
             if not self._room(n, nbytes):
                 self._spill(n, nbytes)
             if self._room(n, nbytes):
@@ -173,6 +193,33 @@ class ExportWorker:
                 return
             bisect.insort(self.todo, batch, key=lambda b: b.key)
             self.cond.notify_all()
+
+    def _write_ahead(self, records: list[TrajectoryRecord],
+                     lines: list[bytes]) -> ExportResult | None:  # fmt: skip
+        """Export a batch on the caller's thread, once, when no batch waits before it and the
+        backend is up; the result, or None when it was not stored (not tried, or it failed:
+        the caller spools it and queues it for the thread's retries)."""
+        if not self._calling.acquire(blocking=False):  # the thread is exporting: queue it
+            return None
+        try:
+            with self.cond:
+                if self.todo or self.down or self.stopping:
+                    return None
+            try:
+                result = self.exporter.export_encoded(records, lines)
+            except Exception as exc:
+                result = ExportResult.FAILURE
+                self.errors.counts[f"export {self.name}"] += 1
+                self.outage.failed_attempt(exc)
+            if result is ExportResult.FAILURE:
+                return None
+            if result is ExportResult.SUCCESS:
+                with self.cond:
+                    self.exported += len(records)
+                    self.cond.notify_all()
+            return result
+        finally:
+            self._calling.release()
 
     def _room(self, n: int, nbytes: int) -> bool:
         return (
@@ -258,8 +305,11 @@ class ExportWorker:
                 record.materialize()
         replay = batch.attempted or not batch.own
         batch.attempted = True
-        retries = 0 if (self.down or replay) else self.config.export_max_retries
-        result = self._export(records, lines, retries, replay)
+        retried = self.down or (replay and not batch.first_try)
+        retries = 0 if retried else self.config.export_max_retries
+        batch.first_try = False
+        with self._calling:
+            result = self._export(records, lines, retries, replay)
         if result is not ExportResult.FAILURE and batch.path is not None and self.spool:
             self.spool.delete(batch.path)  # before flush() can see this batch as done
         with self.cond:

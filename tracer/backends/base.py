@@ -7,6 +7,9 @@ Everything the pipeline asks of a backend is declared here once, with its defaul
   spool folder, so two destinations of one backend never share batches;
 - ``spoolable``: whether its batches may wait in the spool and be replayed by another process
   (False for an in-memory backend);
+- ``writes_ahead``: whether a successful ``export_encoded`` leaves the lines in a local file
+  that outlives the process as the spool would (JSONL): the pipeline then writes there first,
+  on the thread that hands the batch over, and spools only a batch it refuses;
 - ``export(batch, *, replay=False)``: store a batch, idempotently per ``trace_id``. ``replay``
   is True when the batch may already be stored in part (a retry after a failure, a replay of
   the spool): the backend then checks before adding what it cannot upsert. Expected failures
@@ -81,6 +84,7 @@ class Exporter:
     name: str = "exporter"
     destination: str = ""
     spoolable: bool = True
+    writes_ahead: bool = False
     supports_annotations: bool = False
 
     def export(

@@ -69,6 +69,7 @@ def default_jsonl_path(config: TraceConfig) -> str:
 class JsonlExporter(Exporter):
     name = "jsonl"
     supports_annotations = True
+    writes_ahead = True  # an appended line is as durable as a spool file: no second copy
 
     def __init__(self, config: TraceConfig) -> None:
         self.path = os.path.abspath(default_jsonl_path(config))
