@@ -332,6 +332,7 @@ def test_the_line_is_the_records_json_with_the_hot_paths_bytes_in_it(tmp_path: P
             assert any(type(v) is Json for s in record.spans if isinstance(s.inputs, dict)
                        for v in s.inputs.values())  # fmt: skip
             line = encode_record(record)
+            assert line == encode(record.to_dict())  # the dataclasses as their dicts would be
             # the long way: every value decoded, then encoded again
             assert orjson.loads(line) == orjson.loads(encode_record(record.materialize()))
             assert not any(type(v) is Json for s in record.spans if isinstance(s.inputs, dict)
@@ -344,6 +345,16 @@ def test_the_line_is_the_records_json_with_the_hot_paths_bytes_in_it(tmp_path: P
             assert b"[REDACTED]" in encode_record(record)
     finally:
         tracer.reset()
+
+
+def test_a_record_orjson_refuses_is_written_by_the_fallback() -> None:
+    span = SpanRecord("0" * 16, None, "trajectory", "trajectory", 1, 2,
+                      attributes={"big": 2**70, "ok": Json(b"[1,2]")})  # fmt: skip
+    record = TrajectoryRecord("a" * 32, "trajectory", "p", "e", 0, 0, 0, False, "w", 1, 2,
+                              spans=[span])  # fmt: skip
+    line = encode_record(record)  # orjson takes ints up to 64 bits: the json module writes it
+    assert line == encode(record.to_dict())
+    assert orjson.loads(line)["spans"][0]["attributes"] == {"big": 2**70, "ok": [1, 2]}
 
 
 def _holds_fragments(x: Any) -> bool:

@@ -39,5 +39,9 @@ def encode(value: Any) -> bytes:
 
 
 def encode_record(record: TrajectoryRecord) -> bytes:
-    """The record's JSON line, without the newline."""
-    return encode(record.to_dict())
+    """The record's JSON line, without the newline. orjson writes the dataclasses as they are
+    (their fields in order, as ``to_dict`` would give them), without a dict made per span."""
+    try:
+        return memoryview(orjson.dumps(record, default=str, option=_OPTIONS)).tobytes()
+    except TypeError:
+        return encode(record.to_dict())
