@@ -347,6 +347,35 @@ def test_the_line_is_the_records_json_with_the_hot_paths_bytes_in_it(tmp_path: P
         tracer.reset()
 
 
+def test_the_builder_fills_each_field_with_its_own_value(tmp_path: Path) -> None:
+    """The builder passes the records' fields by position: each lands where it belongs."""
+    from tracer.record_builder import build_record
+
+    try:
+        traj = _finished_trajectories(tmp_path)[1]
+        record = build_record(traj, tracer.get_tracer().config, _Letters())
+    finally:
+        tracer.reset()
+    assert (record.step, record.sample_index, record.rollout_n, record.attempt) == (0, 1, 0, 0)
+    assert record.name == "trajectory" and record.status == "OK" and not record.validate
+    assert record.trace_id == traj.trace_id and len(record.trace_id) == 32
+    assert record.project_name == "rollout-tracer" and record.experiment_name == "default"
+    assert record.worker_id == tracer.get_tracer().config.worker_id
+    assert record.start_ns == traj.start_ns < record.end_ns == traj.end_ns
+    root, generate, _sample, tool = record.spans
+    assert (root.name, root.kind, root.parent_id) == ("trajectory", "trajectory", None)
+    assert [s.name for s in record.spans[1:]] == ["generate", "sample", "tool"]
+    assert [s.kind for s in record.spans[1:]] == ["generate", "generate", "tool"]
+    for span, raw in zip(record.spans[1:], traj.spans, strict=True):
+        assert span.span_id == f"{raw.span_id:016x}" and span.parent_id == root.span_id
+        assert (span.start_ns, span.end_ns) == (raw.start_ns, raw.end_ns)
+        assert span.status == "OK" and span.error is None
+    assert plain(tool.inputs) == {"name": "calculator", "args": {"expression": "6*7"}}
+    assert plain(tool.outputs) == {"result": "42", "rows": [1, 2, 3]}
+    assert tool.attributes["tool_name"] == "calculator"
+    assert generate.attributes["finish_reason"] == "stop"
+
+
 def test_a_record_orjson_refuses_is_written_by_the_fallback() -> None:
     span = SpanRecord("0" * 16, None, "trajectory", "trajectory", 1, 2,
                       attributes={"big": 2**70, "ok": Json(b"[1,2]")})  # fmt: skip

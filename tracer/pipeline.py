@@ -287,8 +287,8 @@ class Pipeline:
         out = _Processed()
         try:
             tokenizer = self.tokenizer()
+            self._count_hot_path(batch)
             for seq, traj in batch:
-                self._count_hot_path(traj)
                 head = self.sampler.confirm(traj.step, traj.sample_index, traj.validate)
                 if not head and self.keep is None:
                     self._drop_counted(out, "evicted_by_sampling")  # a lower hash came, by design
@@ -309,10 +309,11 @@ class Pipeline:
             self._count_unhanded(out, len(batch) - out.settled + out.from_keep)
             self.errors.report("processing trajectories", exc, background=True)
 
-    def _count_hot_path(self, traj: Trajectory) -> None:
-        with self.lock:
-            self.hot_ns += traj.hot_ns
-            self.hot_trajectories += 1
+    def _count_hot_path(self, batch: list[tuple[int, Trajectory]]) -> None:
+        hot_ns = sum(traj.hot_ns for _seq, traj in batch)
+        with self.lock:  # once per batch: the lock is shared with the rollout's submit
+            self.hot_ns += hot_ns
+            self.hot_trajectories += len(batch)
 
     def _drop_counted(self, out: _Processed, reason: str) -> None:
         with self.lock:
