@@ -49,3 +49,48 @@ def test_mlflow_export_in_a_child_process_survives_its_death(tmp_path: Path, mlf
     assert sum(1 for t in traces for a in t.info.assessments if a.name == "reward") == 200
     tracer.shutdown()
     assert worker.exporter.pid is None
+
+
+def test_the_child_stores_from_the_spools_bytes_what_the_parent_would(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    """The parent sends each batch's JSON lines, never decoding its records; the child reads
+    them back: what it stores is what the in-process export stores."""
+
+    @tracer.trace_op(kind="generate")
+    def generate(messages: list[dict[str, str]], prompt_ids: list[int]) -> dict[str, object]:
+        return {"text": "42", "response_ids": [7, 8, 9], "finish_reason": "stop",
+                "scores": {"a": 1.5, "b": [1, 2]}}  # fmt: skip
+
+    @tracer.trace_op(kind="tool")
+    def tool(name: str, args: dict[str, str]) -> str:
+        return "42"
+
+    def run(project: str, in_subprocess: bool) -> list[object]:
+        tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=project,
+                    export_in_subprocess=in_subprocess, spool_dir=str(tmp_path / project),
+                    raise_internal_errors=True)  # fmt: skip
+        try:
+            for i in range(5):
+                with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+                    generate([{"role": "user", "content": f"q{i} ünïcode"}], [1, 2, i])
+                    tool("calculator", {"expression": "6*7"})
+            worker = tracer.get_tracer().pipeline.workers[0]
+            assert worker.wants_lines == in_subprocess
+            assert tracer.flush(120)
+        finally:
+            tracer.reset()
+        traces = sorted(search_traces(mlflow_uri, project),
+                        key=lambda t: int(t.info.tags["sample_index"]))  # fmt: skip
+        assert len(traces) == 5
+        return [
+            [(s.name, s.span_type, s.inputs, s.outputs, s.attributes.get("finish_reason"))
+             for s in sorted(t.data.spans, key=lambda s: s.start_time_ns)]
+            for t in traces
+        ]
+
+    here, there = run("inproc", False), run("child", True)
+    assert there == here
+    assert there[3][1][2] == {"messages": [{"role": "user", "content": "q3 ünïcode"}],
+                              "prompt_ids": [1, 2, 3]}  # fmt: skip
+    assert there[3][1][3]["scores"] == {"a": 1.5, "b": [1, 2]}

@@ -2,8 +2,10 @@
 
 Export work (MLflow's ``log_spans`` is ~6 ms of Python per trajectory) holds the GIL; in the
 rollout's process it competes with the rollout's own Python. The proxy keeps retries, spool
-and replay in the parent's export worker and only moves ``export(batch)`` into a child: the
-parent pickles the batch onto the child's stdin and waits (without the GIL) for the answer.
+and replay in the parent's export worker and only moves the export into a child: the parent
+sends the batch's JSON lines (the spool's bytes: nothing decoded or pickled record by record
+in the rollout's process) onto the child's stdin and waits (without the GIL) for the answer;
+the child reads them back as records, as a replay of the spool does.
 A child that dies is a failed export (the batch stays in the spool) and is restarted on the
 next one. The child is a plain ``python -m tracer.backends.subprocess_proxy``, not a
 multiprocessing spawn, so the user's ``__main__`` is never re-imported.
@@ -21,6 +23,8 @@ import sys
 import threading
 from collections.abc import Sequence
 from typing import IO, Any
+
+import orjson
 
 from tracer.backends.base import Exporter, ExportResult, as_exporter
 from tracer.config import TraceConfig
@@ -75,12 +79,19 @@ class SubprocessExporter(Exporter):
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
+        return self._send(("records", list(batch), replay))
+
+    def export_encoded(
+        self, batch: Sequence[TrajectoryRecord], lines: Sequence[bytes], *, replay: bool = False
+    ) -> ExportResult:
+        return self._send(("lines", list(lines), replay))
+
+    def _send(self, message: tuple[str, list[Any], bool]) -> ExportResult:
         with self._lock:
             try:
                 if self._proc is None or self._proc.poll() is not None:
                     self._start()
-                status, detail = self._call((list(batch), replay),
-                                            self.config.export_timeout_s * 4 + 30)
+                status, detail = self._call(message, self.config.export_timeout_s * 4 + 30)
             except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
                 self._stop(kill=True)
                 raise RuntimeError(f"export process for {self.name} died: {exc}") from exc
@@ -140,12 +151,22 @@ def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
             break
         if message is None:
             break
-        batch, replay = message
+        kind, batch, replay = message
         try:
-            answer((exporter.export(batch, replay=replay).value, None))
+            if kind == "lines":
+                lines, batch = batch, [_record(line) for line in batch]
+                result = exporter.export_encoded(batch, lines, replay=replay)
+            else:
+                result = exporter.export(batch, replay=replay)
+            answer((result.value, None))
         except Exception as exc:
             answer((ExportResult.FAILURE.value, f"{type(exc).__name__}: {exc}"))
     exporter.shutdown()
+
+
+def _record(line: bytes) -> TrajectoryRecord:
+    data = orjson.loads(line)
+    return TrajectoryRecord.from_dict(data)
 
 
 if __name__ == "__main__":
