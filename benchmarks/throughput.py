@@ -31,13 +31,14 @@ TOOL_CALL = (
 ANSWER = "The calculator says 12 * 7 = 84, so the answer is 84.\n#### 84"
 MODES = {
     "off": None,
+    # the defaults: MLflow's export runs in a child process (export_in_subprocess=None)
     "on_100pct": {"max_samples_per_step_per_worker": None},
     "sampled_n4": {"max_samples_per_step_per_worker": 4},
     # tracing off again, mid-cycle: how far two identical runs differ here (the noise floor)
     "off_again": None,
-    # the same 100 % sampling with MLflow's export work in a child process (off the GIL)
-    "on_100pct_subprocess": {"max_samples_per_step_per_worker": None,
-                             "export_in_subprocess": True},
+    # the same 100 % sampling with MLflow's export work in the rollout's process
+    "on_100pct_in_process": {"max_samples_per_step_per_worker": None,
+                             "export_in_subprocess": False},
 }
 
 

@@ -88,8 +88,8 @@ def run(steps: list[int], validate: bool = False) -> dict[tuple[int, int, int], 
     return expected
 
 
-def init(tmp: str, uri: str, project: str = "export-test") -> str:
-    """tracer.init with MLflow and JSONL at once; returns the JSONL path."""
+def init(tmp: str, uri: str, project: str = "export-test", **options: Any) -> str:
+    """tracer.init with MLflow and JSONL at once (and ``options``); returns the JSONL path."""
     path = f"{tmp}/traces.jsonl"
     tracer.init(
         {
@@ -100,6 +100,7 @@ def init(tmp: str, uri: str, project: str = "export-test") -> str:
             "experiment_name": "grpo",
             "token2text": True,
             "raise_internal_errors": True,
+            **options,
         }
     )
     tracer.register_tokenizer(WordTokenizer())

@@ -94,3 +94,57 @@ def test_the_child_stores_from_the_spools_bytes_what_the_parent_would(
     assert there[3][1][2] == {"messages": [{"role": "user", "content": "q3 ünïcode"}],
                               "prompt_ids": [1, 2, 3]}  # fmt: skip
     assert there[3][1][3]["scores"] == {"a": 1.5, "b": [1, 2]}
+
+
+def test_by_default_only_the_builtin_mlflow_backend_exports_from_a_child(
+    tmp_path: Path,
+    mlflow_uri: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tracer.backends import register_backend, subprocess_proxy
+    from tracer.backends.mlflow_backend import MlflowExporter
+    from tracer.backends.subprocess_proxy import SubprocessExporter
+
+    def trace_two(project: str, **kw: object) -> object:
+        tracer.init(backend=["mlflow", "jsonl"], tracking_uri=mlflow_uri, project_name=project,
+                    jsonl_path=str(tmp_path / f"{project}.jsonl"),
+                    spool_dir=str(tmp_path / "spool"), **kw)  # fmt: skip
+        try:
+            for i in range(2):
+                with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+                    pass
+            assert tracer.flush(120)
+            return {w.name: w.exporter for w in tracer.get_tracer().pipeline.workers}
+        finally:
+            tracer.reset()
+
+    exporters = trace_two("auto")  # the default: MLflow's Python off the rollout's process
+    assert isinstance(exporters["mlflow"], SubprocessExporter)
+    assert type(exporters["jsonl"]).__name__ == "JsonlExporter"  # cheap, and writes ahead
+    assert len(search_traces(mlflow_uri, "auto")) == 2
+    assert isinstance(trace_two("off", export_in_subprocess=False)["mlflow"], MlflowExporter)
+
+    class Subclass(MlflowExporter):  # a child could not make it from its name: stays here
+        name = "mlflow_here"
+
+    register_backend("mlflow_here", Subclass)
+    tracer.init(backend="mlflow_here", tracking_uri=mlflow_uri, project_name="sub2",
+                spool_dir=str(tmp_path / "spool"))  # fmt: skip
+    try:
+        assert type(tracer.get_tracer().pipeline.workers[0].exporter) is Subclass
+    finally:
+        tracer.reset()
+
+    # no Python to start the child with: by default the export stays in this process, said
+    # once; asked for explicitly, it is an init error like any backend's
+    monkeypatch.setattr(subprocess_proxy.sys, "executable", str(tmp_path / "no-python"))
+    with caplog.at_level("WARNING", logger="tracer"):
+        exporters = trace_two("fallback")
+    assert isinstance(exporters["mlflow"], MlflowExporter)
+    assert "mlflow exports from this process: its export process did not start" in caplog.text
+    assert len(search_traces(mlflow_uri, "fallback")) == 2
+    with pytest.raises(FileNotFoundError):
+        tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="strict",
+                    export_in_subprocess=True, spool_dir=str(tmp_path / "spool"))  # fmt: skip
+    tracer.reset()

@@ -89,7 +89,9 @@ def test_a_retried_sample_is_two_traces_in_sqlite_mlflow(
 
     if not bulk:  # an MLflow release the bulk writer was not tested on: its log_spans path
         monkeypatch.setattr(mlflow_bulk, "mlflow_version", lambda: UNTESTED_VERSION)
-    _two_attempts(backend="mlflow", tracking_uri=mlflow_uri)
+    # in this process: both writers are checked here (the version is patched here), and the
+    # exporter is looked at (by default MLflow's export runs the same code in a child)
+    _two_attempts(backend="mlflow", tracking_uri=mlflow_uri, export_in_subprocess=False)
     exporter = tracer.current.tracer.pipeline.workers[0].exporter
     assert (exporter.bulk is not None) is bulk
     assert _mlflow_rewards(mlflow_uri) == {

@@ -227,9 +227,10 @@ def _traced_rewards(mlflow_uri: str, caplog: pytest.LogCaptureFixture) -> list[s
     """Three rewarded trajectories through tracer.init; the lines logged about the bulk
     writer."""
     with caplog.at_level(logging.INFO, logger="tracer"):
-        tracer.init(
-            backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP, raise_internal_errors=True
-        )
+        # in this process: the tests patch the version seen here (by default the same writer
+        # code runs in a child process, which would not see the patch)
+        tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name=EXP,
+                    raise_internal_errors=True, export_in_subprocess=False)  # fmt: skip
 
         @tracer.trace_op(kind="reward")
         def reward(x: float) -> float:

@@ -34,9 +34,11 @@ def _records(uri: str, selection: Selection | None = None) -> list[dict[str, Any
 def test_the_sqlite_reader_reads_what_mlflows_client_reads(
     writer: str, tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    options = {}
     if writer == "mlflow":  # the writer falls back to MLflow's log_spans
         monkeypatch.setattr(mlflow_bulk, "mlflow_version", lambda: "3.17.99")  # untested
-    export_agent.init(str(tmp_path), mlflow_uri, PROJECT)
+        options["export_in_subprocess"] = False  # where the patch is seen
+    export_agent.init(str(tmp_path), mlflow_uri, PROJECT, **options)
     export_agent.run([1, 2])
     export_agent.run([2], validate=True)
     assert tracer.flush(timeout_s=60)

@@ -96,7 +96,8 @@ def test_reward_requests_that_fail_mid_batch_are_retried_once_each(tmp_path: Pat
     try:
         tracer.init(backend="mlflow", tracking_uri=server.url, project_name="flaky-rewards",
                     spool_dir=str(tmp_path / "spool"), export_batch_size=20,
-                    flush_interval_s=0.2, replay_interval_s=0.3, export_timeout_s=10)  # fmt: skip
+                    flush_interval_s=0.2, replay_interval_s=0.3, export_timeout_s=10,
+                    export_in_subprocess=False)  # the fault is patched into this process
 
         @tracer.trace_op(kind="reward")
         def reward(i: int) -> float:

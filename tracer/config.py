@@ -110,9 +110,11 @@ class TraceConfig:
     # mlflow: link every exported trace to this MLflow run (search_traces(run_id=...), the
     # run's Traces tab); the run must be in the experiment named project_name
     mlflow_run_id: str | None = None
-    # run each backend's export calls in a child process, off the rollout's GIL (opt-in:
-    # worth it when the rollout itself is Python-bound; costs a process per backend)
-    export_in_subprocess: bool = False
+    # run a backend's export calls in a child process, off the rollout's GIL. None (the
+    # default): only the built-in MLflow backend's (its export is ~2 ms of Python per trace),
+    # and in this process after all when the child cannot start; True: every spoolable
+    # backend's (a child that cannot start is an init error); False: none
+    export_in_subprocess: bool | None = None
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
     on_backend_error: str = "raise"
     # raise tracer-internal errors instead of logging them (the project's own tests set it)
@@ -154,6 +156,9 @@ class TraceConfig:
                 raise ConfigError(f"invalid redact pattern {pattern!r}: {exc}") from exc
         if self.redact_callback is not None and not callable(self.redact_callback):
             raise ConfigError("redact_callback must be a callable (text: str) -> str")
+        if self.export_in_subprocess not in (None, True, False):
+            raise ConfigError("export_in_subprocess must be None (the MLflow backend only), "
+                              f"True or False, got {self.export_in_subprocess!r}")
         if self.on_backend_error not in ("raise", "warn"):
             raise ConfigError(
                 f"on_backend_error must be 'raise' or 'warn', got {self.on_backend_error!r}"

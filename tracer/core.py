@@ -180,7 +180,7 @@ class Tracer:
 class _ExporterSource:
     """Hands the pipeline its exporter: the one made at init first (so its errors surfaced
     there), a fresh one on later calls (in a forked child), in a child process when
-    ``export_in_subprocess`` is set."""
+    ``export_in_subprocess`` says so (``_in_child``)."""
 
     def __init__(self, exporter: Exporter, name: str, config: TraceConfig) -> None:
         self.exporter: Exporter | None = exporter
@@ -191,13 +191,38 @@ class _ExporterSource:
         exporter, self.exporter = self.exporter, None
         if exporter is None:
             exporter = as_exporter(create_exporter(self.name, self.config))
-        if self.config.export_in_subprocess and exporter.spoolable:
-            from tracer.backends.subprocess_proxy import SubprocessExporter
+        if not _in_child(self.config.export_in_subprocess, self.name, exporter):
+            return exporter
+        from tracer.backends.subprocess_proxy import SubprocessExporter
 
-            destination = exporter.spool_key
-            exporter.shutdown()  # it proved the backend starts; the child makes its own
-            return SubprocessExporter(self.name, self.config, destination)
-        return exporter
+        try:
+            child = SubprocessExporter(self.name, self.config, exporter.spool_key)
+        except Exception as exc:
+            if self.config.export_in_subprocess:  # asked for: an init error, as any backend's
+                exporter.shutdown()
+                raise
+            log.warning("rollout-tracer: %s exports from this process: its export process "
+                        "did not start (%s: %s)", self.name, type(exc).__name__, exc)
+            return exporter
+        exporter.shutdown()  # it proved the backend starts; the child has its own
+        return child
+
+
+def _in_child(setting: bool | None, name: str, exporter: Exporter) -> bool:
+    """Whether ``exporter``'s exports go to a child process: every spoolable backend's when
+    ``export_in_subprocess`` is True; by default (None) a built-in backend's whose export is
+    heavy Python (MLflow), when the child makes the same exporter from its name (not a
+    subclass or a backend registered in this process only)."""
+    if setting is False or not exporter.spoolable:
+        return False
+    if setting:
+        return True
+    from tracer.backends import builtin_target
+
+    cls = type(exporter)
+    return bool(getattr(cls, "heavy_export", False)) and (
+        builtin_target(name) == f"{cls.__module__}:{cls.__qualname__}"
+    )
 
 
 _lock = threading.Lock()

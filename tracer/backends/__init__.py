@@ -22,11 +22,20 @@ _BUILTIN: dict[str, Any] = {
     "memory": "tracer.testing:InMemoryExporter",
 }
 
+_SHIPPED = dict(_BUILTIN)  # what a fresh process has: register_backend may change _BUILTIN
+
 
 def register_backend(name: str, factory: str | Callable[[TraceConfig], Exporter]) -> None:
     """Make ``backend=name`` available: a ``"module:Factory"`` path or a callable that takes
     the TraceConfig and returns an Exporter (see ``tracer.backends.base.Exporter``)."""
     _BUILTIN[name.lower()] = factory
+
+
+def builtin_target(name: str) -> str | None:
+    """The import path a built-in backend's name stands for (as a fresh process resolves it),
+    None when ``register_backend`` changed it or the name is not built in."""
+    target = _BUILTIN.get(name)
+    return target if isinstance(target, str) and target == _SHIPPED.get(name) else None
 
 
 def available_backends() -> dict[str, Any]:

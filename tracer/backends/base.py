@@ -7,6 +7,8 @@ Everything the pipeline asks of a backend is declared here once, with its defaul
   spool folder, so two destinations of one backend never share batches;
 - ``spoolable``: whether its batches may wait in the spool and be replayed by another process
   (False for an in-memory backend);
+- ``heavy_export``: whether its export is much Python per trace (MLflow): with the default
+  ``export_in_subprocess=None`` a built-in backend that says so exports from a child process;
 - ``writes_ahead``: whether a successful ``export_encoded`` leaves the lines in a local file
   that outlives the process as the spool would (JSONL): the pipeline then writes there first,
   on the thread that hands the batch over, and spools only a batch it refuses;
@@ -84,6 +86,7 @@ class Exporter:
     name: str = "exporter"
     destination: str = ""
     spoolable: bool = True
+    heavy_export: bool = False
     writes_ahead: bool = False
     supports_annotations: bool = False
 
