@@ -10,8 +10,6 @@ exporter that raises or hangs. The exporter faults wrap the real MLflow exporter
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import random
 import subprocess
@@ -25,6 +23,8 @@ from typing import Any
 import pytest
 
 import tracer
+import tracer.spool as spool_mod
+from tests._disks import full_disk
 from tests._servers import free_port, start_mlflow_server
 from tests.conftest import search_traces
 from tracer.backends import register_backend
@@ -184,44 +184,10 @@ def test_two_processes_seeded_alike_keep_every_trajectory(tmp_path: Path, mlflow
 
 
 # -- the spool's disk ------------------------------------------------------------------------
-@contextlib.contextmanager
-def full_disk(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``path`` on a 512 KB tmpfs filled to the last byte; yields a function that frees it.
-    Where no tmpfs can be mounted, the spool's file writes fail with ENOSPC instead."""
-    path.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(path)],
-                             capture_output=True).returncode == 0  # fmt: skip
-    try:
-        if mounted:
-            filler = path / "filler"
-            with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-                while True:
-                    f.write(b"x" * 4096)
-            freed = filler.unlink
-        else:
-            import tracer.spool as spool_mod
-
-            real = spool_mod._write_new
-
-            def enospc(p: Path, *args: Any, **kwargs: Any) -> None:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
-
-            monkeypatch.setattr(spool_mod, "_write_new", enospc)
-
-            def freed() -> None:
-                monkeypatch.setattr(spool_mod, "_write_new", real)
-
-        yield freed
-    finally:
-        tracer.reset()
-        if mounted:
-            subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def test_full_spool_disk_exports_from_memory_and_recovers(
     tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with full_disk(tmp_path / "spool", monkeypatch) as free_space:
+    with full_disk(tmp_path / "spool", monkeypatch, spool_mod, "_write_new") as free_space:
         tracer.init(base_config(tmp_path, mlflow_uri))
         trace(20, step=0)  # the spool cannot take a byte: export goes on from memory
         assert tracer.flush(60)

@@ -10,10 +10,7 @@ filled to the last byte (else ENOSPC from the JSONL backend's write call).
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +20,7 @@ import pytest
 
 import tracer
 import tracer.backends.jsonl_backend as jsonl_backend
+from tests._disks import full_disk
 from tracer.spool import BackendSpool
 
 
@@ -56,38 +54,6 @@ def spool_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     yield seen
 
 
-@contextlib.contextmanager
-def full_disk(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``path`` on a 512 KB tmpfs filled to the last byte; yields a function that frees it.
-    Where no tmpfs can be mounted, the JSONL backend's writes fail with ENOSPC instead."""
-    path.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(path)],
-                             capture_output=True).returncode == 0  # fmt: skip
-    try:
-        if mounted:
-            filler = path / "filler"
-            with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-                while True:
-                    f.write(b"x" * 4096)
-            freed = filler.unlink
-        else:
-            real = jsonl_backend.write_lines
-
-            def enospc(fd: int, *args: Any, **kwargs: Any) -> int:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-            monkeypatch.setattr(jsonl_backend, "write_lines", enospc)
-
-            def freed() -> None:
-                monkeypatch.setattr(jsonl_backend, "write_lines", real)
-
-        yield freed
-    finally:
-        tracer.reset()
-        if mounted:
-            subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def config(tmp_path: Path, jsonl: Path, **kw: Any) -> dict[str, Any]:
     return {"backend": "jsonl", "jsonl_path": str(jsonl), "spool_dir": str(tmp_path / "spool"),
             "flush_interval_s": 0.05, "export_batch_size": 10, "export_max_retries": 1,
@@ -114,7 +80,10 @@ def test_jsonl_on_a_full_disk_waits_in_the_spool_then_writes_each_once_in_order(
 ) -> None:
     out = tmp_path / "out"
     path = out / "t.jsonl"
-    with spool_writes(monkeypatch) as spooled, full_disk(out, monkeypatch) as free_space:
+    with (
+        spool_writes(monkeypatch) as spooled,
+        full_disk(out, monkeypatch, jsonl_backend, "write_lines") as free_space,
+    ):
         tracer.init(config(tmp_path, path))
         trace(20, step=0)  # the append fails: each batch goes to the spool and waits
         assert not tracer.flush(1.5)
