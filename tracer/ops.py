@@ -166,9 +166,13 @@ def _begin(traj: Trajectory, parent_id: int, op: _OpInfo, args: tuple[Any, ...],
 
 def _finish(traj: Trajectory, span: Span, result: Any) -> None:
     span.end_ns = t0 = time_ns()
-    config = traj.tracer.config
-    span.outputs, nbytes = snapshot(result, config.max_list_items, config.max_field_chars)
-    traj.nbytes += nbytes
+    if type(result) is str:  # the most common result (a tool's): shared, only counted
+        span.outputs = result
+        traj.nbytes += len(result)
+    else:
+        config = traj.tracer.config
+        span.outputs, nbytes = snapshot(result, config.max_list_items, config.max_field_chars)
+        traj.nbytes += nbytes
     traj.hot_ns += time_ns() - t0
 
 

@@ -219,7 +219,7 @@ def snapshot_args(names: tuple[str, ...], values: tuple[Any, ...], kwargs: dict[
             out[name] = value
             continue
         if t is dict and len(value) <= _FLAT_DICT_MAX:
-            flat = _split_dict(value, max_items, max_chars, encode=False)
+            flat = _split_dict(value, max_items, max_chars, False)  # positional: cheaper
             if flat is not None:  # tool arguments: a shallow copy is cheaper than encoding
                 out[name], size = flat
                 nbytes += size
