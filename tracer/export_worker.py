@@ -205,12 +205,7 @@ class ExportWorker:
             with self.cond:
                 if self.todo or self.down or self.stopping:
                     return None
-            try:
-                result = self.exporter.export_encoded(records, lines)
-            except Exception as exc:
-                result = ExportResult.FAILURE
-                self.errors.counts[f"export {self.name}"] += 1
-                self.outage.failed_attempt(exc)
+            result = self._export(records, lines, 0, False)  # one try, counted as any
             if result is ExportResult.FAILURE:
                 return None
             if result is ExportResult.SUCCESS:
