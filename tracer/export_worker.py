@@ -5,8 +5,10 @@ Every batch goes to the backend's spool file before it is queued, when the spool
 (a backend that ``writes_ahead``, JSONL, is written at once instead, on the thread that hands
 the batch over, and only a batch it refuses goes to the spool); when the spool cannot (disk
 full, read-only, over ``max_spool_bytes``), the batch is kept in memory and exported from
-there, and the failure is counted. A trajectory is lost only when neither memory nor the
-spool can hold it, and then it is counted by reason.
+there, the failure is counted, and the spool is offered the batch again every
+``RESPOOL_INTERVAL_S`` (and at shutdown) until it takes it: a disk full for a few seconds
+leaves nothing only in memory for longer than that. A trajectory is lost only when neither
+memory nor the spool can hold it, and then it is counted by reason.
 
 A backend that still fails after retries is marked down: its batches wait (on disk, or in
 memory within the bound) and the oldest one probes it every ``replay_interval_s``, more often
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import errno
 import logging
 import threading
 import time
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tracer")
 
 ORPHAN_SCAN_INTERVAL_S = 30.0
+RESPOOL_INTERVAL_S = 0.5  # how often batches the spool refused (disk full) are offered again
 FLUSH_PROBE_INTERVAL_S = 0.25  # how often a down backend is probed while flush() waits
 
 # Reasons a trajectory can be lost, as they appear in metrics (``tracer/<backend>/dropped/...``).
@@ -52,7 +56,9 @@ DROP_REASONS = (
     "spool_lost",  # a spool file vanished or became unreadable before it was exported
     "rejected_by_backend",  # the backend refused the batch for good (ExportResult.REJECTED)
     "after_shutdown",  # finished after shutdown()
-    "unexported_at_exit",  # only in memory when the tracer shut down with the backend down
+    "unexported_at_exit",  # only in memory (no spool) when the tracer shut down, backend down
+    "disk_full_at_shutdown",  # only in memory at shutdown, and the spool's disk still full
+    "spool_error_at_shutdown",  # the same, the spool refusing for another reason (read-only...)
     "build_error",  # the record could not be built (an internal error, logged)
     "internal_error",  # a tracer bug in the pipeline itself (logged, and raised in our tests)
     "evicted_by_sampling",  # displaced by a sample with a lower hash (not a loss: by design)
@@ -60,9 +66,15 @@ DROP_REASONS = (
 )
 
 
+def _at_shutdown(exc: SpoolError) -> str:
+    """The drop reason of a batch the spool refused with ``exc`` at shutdown."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return "disk_full_at_shutdown" if full else "spool_error_at_shutdown"
+
+
 class _Batch:
     __slots__ = ("attempted", "born_ns", "first_try", "key", "lines", "n", "nbytes", "own", "path",
-                 "records", "seq")  # fmt: skip
+                 "records", "seq", "settling")  # fmt: skip
 
     def __init__(
         self,
@@ -83,6 +95,7 @@ class _Batch:
         self.nbytes = nbytes
         self.attempted = False  # sent once already: may be (partly) stored, replay with care
         self.first_try = False  # refused once when handed over: still gets the usual retries
+        self.settling = False  # stored: the spool must not take a new copy of it now
         self.key = batch_sort_key(path) if path is not None else (time.time_ns(), "")
 
 
@@ -115,6 +128,8 @@ class ExportWorker:
         self.down = False
         self.next_probe = 0.0
         self.flush_until = 0.0  # while a flush waits, probe a down backend more often
+        self.next_respool = 0.0  # when memory-only batches are next offered to the spool
+        self.refused_because = "spool_error_at_shutdown"  # the spool's last refusal, as a reason
         self.inflight_since = 0.0  # monotonic start of the export call in progress, or 0
         self.last_probe = 0.0
         self.thread: threading.Thread | None = None
@@ -170,6 +185,7 @@ class ExportWorker:
             except SpoolError as exc:
                 reason = "spool_error"
                 with self.cond:
+                    self.refused_because = _at_shutdown(exc)
                     self.spool_errors += 1
                     n = self.spool_errors
                 if log_every(n):
@@ -185,7 +201,8 @@ class ExportWorker:
             if self._room(n, nbytes):
                 self.held += n
                 self.held_bytes += nbytes
-                batch.lines = lines if self.wants_lines else None
+                # a batch only memory holds keeps its lines: the spool is offered them again
+                batch.lines = lines if self.wants_lines or path is None else None
             elif path is not None:
                 batch.records = None  # memory stays bounded: the spool file has it
             else:
@@ -193,6 +210,43 @@ class ExportWorker:
                 return
             bisect.insort(self.todo, batch, key=lambda b: b.key)
             self.cond.notify_all()
+        if path is not None:
+            self.respool()  # the disk takes batches again: the older memory-only ones too
+
+    def respool(self, *, final: bool = False) -> int:
+        """Offer the spool the batches it refused earlier (disk full, read-only), oldest first,
+        at most every ``RESPOOL_INTERVAL_S`` unless ``final``; stops at the first refusal.
+        Returns how many trajectories are still only in memory (waiting, own or not)."""
+        if self.spool is None:
+            return 0
+        with self.cond:
+            now = time.monotonic()
+            if not final and now < self.next_respool:
+                return -1
+            self.next_respool = now + RESPOOL_INTERVAL_S
+            waiting = [(b, b.lines) for b in self.todo
+                       if b.path is None and b.lines is not None and not b.settling]  # fmt: skip
+        for b, lines in waiting:
+            try:
+                path = self.spool.write(lines)
+            except SpoolError as exc:
+                path = None
+                self.refused_because = _at_shutdown(exc)
+            else:
+                if path is None:
+                    self.refused_because = "spool_full"  # over max_spool_bytes
+            if path is None:
+                break  # still refused: the next offer is RESPOOL_INTERVAL_S away
+            with self.cond:
+                kept = not b.settling and b in self.todo
+                if kept:
+                    b.path = path  # its place in line (its key) stays
+                    if not self.wants_lines:
+                        b.lines = None
+            if not kept:  # stored meanwhile: this copy must not be replayed
+                self.spool.delete(path)
+        with self.cond:
+            return sum(b.n for b in self.todo if b.path is None)
 
     def _write_ahead(self, records: list[TrajectoryRecord],
                      lines: list[bytes]) -> ExportResult | None:  # fmt: skip
@@ -263,11 +317,15 @@ class ExportWorker:
         if self.spool is not None and time.monotonic() >= self.next_orphan_scan:
             self.next_orphan_scan = time.monotonic() + ORPHAN_SCAN_INTERVAL_S
             self._adopt_orphans()
+        self.respool()
         with self.cond:
             while True:
                 if self.stopping:
                     return False
                 now = time.monotonic()
+                if any(b.path is None and b.lines is not None for b in self.todo) and (
+                        self.spool is not None and now >= self.next_respool):  # fmt: skip
+                    return True  # time to offer the spool the batches it refused
                 if self.todo:
                     if not self.down:
                         break
@@ -276,7 +334,8 @@ class ExportWorker:
                         probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
                     if now >= probe_at:
                         break
-                    self.cond.wait(min(probe_at - now, self.config.replay_interval_s))
+                    self.cond.wait(min(probe_at - now, self.config.replay_interval_s,
+                                       RESPOOL_INTERVAL_S))  # fmt: skip
                 else:
                     self.cond.wait(min(self.config.replay_interval_s, max(
                         0.01, self.next_orphan_scan - now)))  # fmt: skip
@@ -284,7 +343,8 @@ class ExportWorker:
                         return True  # time for an orphan scan
             batch = self.todo[0]
             self.inflight_since = time.monotonic()
-        records, lines = batch.records, batch.lines
+        records = batch.records
+        lines = batch.lines if self.wants_lines else None
         if records is None:
             try:
                 records = read_batch(batch.path) if batch.path is not None else []
@@ -305,8 +365,12 @@ class ExportWorker:
         batch.first_try = False
         with self._calling:
             result = self._export(records, lines, retries, replay)
-        if result is not ExportResult.FAILURE and batch.path is not None and self.spool:
-            self.spool.delete(batch.path)  # before flush() can see this batch as done
+        if result is not ExportResult.FAILURE:
+            with self.cond:  # from now on respool() leaves it alone
+                batch.settling = True
+                path = batch.path
+            if path is not None and self.spool:
+                self.spool.delete(path)  # before flush() can see this batch as done
         with self.cond:
             self.inflight_since = 0.0
             self.last_probe = time.monotonic()
@@ -411,8 +475,12 @@ class ExportWorker:
 
     def abandon(self) -> tuple[int, int]:
         """At shutdown: what is left. Batches in the spool stay there for a later replay (the
-        spool is released, so another process or ``rollout-tracer replay`` may take them);
-        batches only in memory are lost and counted. Returns (on disk, lost)."""
+        spool is released, so another process or ``rollout-tracer replay`` may take them); a
+        batch only memory holds is offered to the spool one last time, and what it refuses is
+        lost and counted by reason. Returns (on disk, lost)."""
+        reason = "unexported_at_exit"  # no spool to take it
+        if self.spool is not None and self.respool(final=True):
+            reason = self.refused_because
         with self.cond:
             on_disk = lost = 0
             for b in list(self.todo):
@@ -421,7 +489,8 @@ class ExportWorker:
                 else:
                     lost += b.n
                     self._settle(b)
-                    self._drop(b, "unexported_at_exit")
+            if lost:  # one line for all of them
+                self._drop(_Batch(None, None, None, lost, 0), reason)
         if self.spool is not None:
             self.spool.release()
         return on_disk, lost
