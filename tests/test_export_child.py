@@ -140,6 +140,9 @@ def test_ctrl_c_never_reaches_the_export_child(tmp_path: Path, mlflow_uri: str) 
     child = script.wait_for("child")
     assert script.said["pending"] == 100
     assert os.getpgid(child) != os.getpgid(script.proc.pid)  # not in the terminal's group
+    status = Path(f"/proc/{child}/status").read_text()
+    ignored = int(next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
+    assert all(ignored >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT))
     os.killpg(script.proc.pid, signal.SIGINT)
     err = script.finish()
     assert script.proc.returncode == 0, err
@@ -194,12 +197,14 @@ def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
         trace(50, 50)
         t0 = time.monotonic()
         ok = tracer.shutdown(timeout_s=2)
-        say(ok=ok, took=time.monotonic() - t0, child=child)
+        gone = not os.path.exists(f"/proc/{child}")
+        say(ok=ok, took=time.monotonic() - t0, child=child, gone=gone)
     """)
     child = script.wait_for("child")
     err = script.finish()
     assert script.proc.returncode == 0, err
     assert script.said["ok"] is False and script.said["took"] < 15
+    assert script.said["gone"]  # killed and reaped by the shutdown, not by the script's exit
     wait_gone(child)
     assert "did not answer before the shutdown deadline; it was killed" in err
     assert "were not exported before shutdown; they are kept in" in err

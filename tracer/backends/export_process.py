@@ -34,8 +34,7 @@ DETAIL_CHARS = 2000  # an error's text, as the parent gets it
 
 
 def main(parent_pid: int) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_IGN)
+    _ignore_terminal_signals()
     _die_with(parent_pid)
     _one_line_output(f"rollout-tracer export process (pid {os.getpid()})")
     # the channel is the original stdout; anything a backend prints goes to stderr instead
@@ -44,6 +43,11 @@ def main(parent_pid: int) -> None:
     channel.send(("hello", os.getpid()), None)
     with contextlib.suppress(EOFError, OSError):  # the parent is gone: nobody to answer
         _serve(channel)
+
+
+def _ignore_terminal_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _die_with(parent_pid: int) -> None:
@@ -66,6 +70,9 @@ def _serve(channel: Channel) -> None:
     except Exception as exc:
         channel.send(("error", _detail(exc), False), None)
         return
+    # again: a library the backend imported may have set its own (polars, under MLflow, sets
+    # a SIGINT handler in C)
+    _ignore_terminal_signals()
     _one_line_output(f"rollout-tracer export process for {name} (pid {os.getpid()})")
     channel.send(("ready", None, False), None)
     while True:
