@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,8 @@ def init(**kw):
 class Script:
     """A traced script in a session of its own (as a terminal's job is a group of its own)."""
 
-    def __init__(self, tmp: Path, uri: str, body: str, head: str = "") -> None:
+    def __init__(self, started: list[Script], tmp: Path, uri: str, body: str,
+                 head: str = "") -> None:  # fmt: skip
         path = tmp / "script.py"
         prelude = PRELUDE.format(uri=uri, spool=str(tmp / "spool"))
         path.write_text(head + prelude + textwrap.dedent(body))
@@ -60,6 +62,7 @@ class Script:
                                      stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
                                      start_new_session=True)  # fmt: skip
         self.said: dict[str, Any] = {}
+        started.append(self)
 
     def wait_for(self, key: str, timeout: float = 120.0) -> Any:
         """What the script said under ``key`` (it prints one JSON object per line)."""
@@ -82,9 +85,25 @@ class Script:
         return str(err)
 
     def kill(self) -> None:
+        """After a failure too: the script's group and every process it named, by PID."""
+        named = [v for k, v in self.said.items() if k in PIDS and isinstance(v, int)]
+        for pid in named:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.communicate(timeout=30)
+            self.proc.wait(30)
+
+
+PIDS = ("child", "interrupted", "parent_child", "fork", "fork_child")  # what scripts name
+
+
+@pytest.fixture
+def scripts() -> Iterator[list[Script]]:
+    started: list[Script] = []
+    yield started
+    for script in started:
+        script.kill()
 
 
 def running(pid: int) -> bool:
@@ -120,11 +139,13 @@ def keys(step: int, n: int) -> list[tuple[str, str]]:
     return sorted((str(step), str(i)) for i in range(n))
 
 
-def test_ctrl_c_never_reaches_the_export_child(tmp_path: Path, mlflow_uri: str) -> None:
+def test_ctrl_c_never_reaches_the_export_child(
+    tmp_path: Path, mlflow_uri: str, scripts: list[Script]
+) -> None:
     """SIGINT to the script's whole process group (what Ctrl-C in a terminal does) while 100
     trajectories wait in the buffer: the script ends on its KeyboardInterrupt, and the tracer's
     shutdown at exit exports them through the same child, which never saw the signal."""
-    script = Script(tmp_path, mlflow_uri, """
+    script = Script(scripts, tmp_path, mlflow_uri, """
         exporter = init(flush_interval_s=60, export_batch_size=1000)
         atexit.register(lambda: say(starts=exporter.starts))  # runs after the tracer's
         trace(0, 100)
@@ -153,13 +174,15 @@ def test_ctrl_c_never_reaches_the_export_child(tmp_path: Path, mlflow_uri: str) 
     wait_gone(child)
 
 
-def test_export_works_with_more_than_1024_open_files(tmp_path: Path, mlflow_uri: str) -> None:
+def test_export_works_with_more_than_1024_open_files(
+    tmp_path: Path, mlflow_uri: str, scripts: list[Script]
+) -> None:
     """A trainer has more than 1,024 files open: the child's pipes get numbers past select()'s
     limit. Export works, and a child killed there is replaced."""
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1300:
         pytest.skip(f"open files limited to {hard}")
-    script = Script(tmp_path, mlflow_uri, """
+    script = Script(scripts, tmp_path, mlflow_uri, """
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < 1300:
@@ -186,9 +209,9 @@ def test_export_works_with_more_than_1024_open_files(tmp_path: Path, mlflow_uri:
 
 
 def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
-    tmp_path: Path, mlflow_uri: str
+    tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:
-    script = Script(tmp_path, mlflow_uri, """
+    script = Script(scripts, tmp_path, mlflow_uri, """
         exporter = init(flush_interval_s=0.05)
         trace(0, 50)
         assert tracer.flush(60)
@@ -219,12 +242,12 @@ def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
 
 
 def test_fork_then_sigkill_of_the_parent_leaves_no_export_child(
-    tmp_path: Path, mlflow_uri: str
+    tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:
     """A forked process neither holds its parent's child alive (it closed the pipes) nor waits
     for a child of its own on the rollout's thread. The parent is SIGKILLed while its child is
     stopped: the parent-death signal, not EOF, ends that child."""
-    script = Script(tmp_path, mlflow_uri, """
+    script = Script(scripts, tmp_path, mlflow_uri, """
         exporter = init(flush_interval_s=0.05)
         trace(0, 20)
         assert tracer.flush(60)
@@ -247,24 +270,18 @@ def test_fork_then_sigkill_of_the_parent_leaves_no_export_child(
         say(parent_child=exporter.pid)
         time.sleep(600)
     """)
-    try:
-        parent_child = script.wait_for("parent_child")
-        fork = script.wait_for("fork")
-        fork_child = script.said["fork_child"]
-        assert script.said["ok"] and script.said["held"] == []
-        assert script.said["first_s"] < 1.0  # its child starts on the export worker's thread
-        assert fork_child not in (None, parent_child) and running(fork_child)
-        os.kill(parent_child, signal.SIGSTOP)
-        os.kill(script.proc.pid, signal.SIGKILL)
-        wait_gone(parent_child)
-        assert running(fork) and running(fork_child)
-        os.kill(fork, signal.SIGKILL)
-        wait_gone(fork, fork_child)
-    finally:
-        script.kill()
-        for pid in script.said.get("parent_child"), script.said.get("fork"):
-            if pid and running(pid):
-                os.kill(pid, signal.SIGKILL)
+    parent_child = script.wait_for("parent_child")
+    fork = script.wait_for("fork")
+    fork_child = script.said["fork_child"]
+    assert script.said["ok"] and script.said["held"] == []
+    assert script.said["first_s"] < 1.0  # its child starts on the export worker's thread
+    assert fork_child not in (None, parent_child) and running(fork_child)
+    os.kill(parent_child, signal.SIGSTOP)
+    os.kill(script.proc.pid, signal.SIGKILL)
+    wait_gone(parent_child)
+    assert running(fork) and running(fork_child)
+    os.kill(fork, signal.SIGKILL)
+    wait_gone(fork, fork_child)
     assert stored(mlflow_uri) == sorted(keys(0, 20) + keys(1, 20))
 
 
@@ -276,7 +293,7 @@ exec sleep 600
 
 @pytest.mark.parametrize("name", ["uwsgi", "python3"])
 def test_an_executable_that_is_not_python_leaves_the_export_in_process(
-    tmp_path: Path, mlflow_uri: str, name: str
+    tmp_path: Path, mlflow_uri: str, scripts: list[Script], name: str
 ) -> None:
     """``sys.executable`` names a host's binary (uWSGI, an embedding host). One not named like
     a Python is never run; one that is but does not answer is killed at the start deadline
@@ -288,7 +305,7 @@ def test_an_executable_that_is_not_python_leaves_the_export_in_process(
     fake.write_text(FAKE.format(marker=marker))
     fake.chmod(0o755)
     head = f"import sys\nsys.executable = {str(fake)!r}\n"
-    script = Script(tmp_path, mlflow_uri, """
+    script = Script(scripts, tmp_path, mlflow_uri, """
         import logging
         logging.basicConfig(format="LOG %(levelname)s %(message)s")
         import tracer.backends.subprocess_proxy as proxy
