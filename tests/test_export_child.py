@@ -151,8 +151,9 @@ def test_ctrl_c_never_reaches_the_export_child(
         trace(0, 100)
         assert tracer.flush(60)
         trace(100, 100)  # these wait for the shutdown
-        say(child=exporter.pid, pending=tracer.metrics()["tracer/mlflow/pending"])
-        try:
+        pending = tracer.metrics()["tracer/mlflow/pending"]
+        try:  # the test's SIGINT may come as soon as this is said
+            say(child=exporter.pid, pending=pending)
             while True:
                 time.sleep(0.05)
         except KeyboardInterrupt:
