@@ -97,12 +97,9 @@ def test_the_child_stores_from_the_spools_bytes_what_the_parent_would(
 
 
 def test_by_default_only_the_builtin_mlflow_backend_exports_from_a_child(
-    tmp_path: Path,
-    mlflow_uri: str,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tracer.backends import register_backend, subprocess_proxy
+    from tracer.backends import register_backend
     from tracer.backends.mlflow_backend import MlflowExporter
     from tracer.backends.subprocess_proxy import SubprocessExporter
 
@@ -129,22 +126,26 @@ def test_by_default_only_the_builtin_mlflow_backend_exports_from_a_child(
         name = "mlflow_here"
 
     register_backend("mlflow_here", Subclass)
-    tracer.init(backend="mlflow_here", tracking_uri=mlflow_uri, project_name="sub2",
-                spool_dir=str(tmp_path / "spool"))  # fmt: skip
+    with caplog.at_level("WARNING", logger="tracer"):
+        tracer.init(backend="mlflow_here", tracking_uri=mlflow_uri, project_name="sub2",
+                    spool_dir=str(tmp_path / "spool"))  # fmt: skip
     try:
         assert type(tracer.get_tracer().pipeline.workers[0].exporter) is Subclass
     finally:
         tracer.reset()
+    # not even tried: a child that cannot make it would fail, and the fall back say so
+    assert "export process" not in caplog.text
 
-    # no Python to start the child with: by default the export stays in this process, said
-    # once; asked for explicitly, it is an init error like any backend's
-    monkeypatch.setattr(subprocess_proxy.sys, "executable", str(tmp_path / "no-python"))
-    with caplog.at_level("WARNING", logger="tracer"):
-        exporters = trace_two("fallback")
-    assert isinstance(exporters["mlflow"], MlflowExporter)
-    assert "mlflow exports from this process: its export process did not start" in caplog.text
-    assert len(search_traces(mlflow_uri, "fallback")) == 2
-    with pytest.raises(FileNotFoundError):
+
+def test_asked_for_a_child_with_no_python_to_start_it_init_fails(
+    tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export_in_subprocess=True`` is strict: no child, an init error like any backend's (the
+    default falls back to this process: tests/test_export_child.py)."""
+    from tracer.backends import subprocess_proxy
+
+    monkeypatch.setattr(subprocess_proxy.sys, "executable", str(tmp_path / "uwsgi"))
+    monkeypatch.setattr("multiprocessing.spawn.get_executable", lambda: str(tmp_path / "uwsgi"))
+    with pytest.raises(RuntimeError, match="is not a Python interpreter"):
         tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="strict",
                     export_in_subprocess=True, spool_dir=str(tmp_path / "spool"))  # fmt: skip
-    tracer.reset()

@@ -6,6 +6,7 @@ own: its REST client against a port where nothing listens."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,48 @@ def test_an_unexpected_error_keeps_its_traceback_once(
     raised = [r for r in caplog.records if "raised KeyError" in r.getMessage()]
     assert raised and raised[0].exc_info and not any(r.exc_info for r in raised[1:])
     assert len(raised) <= 2  # the 1st and the 10th at most: rate-limited
+
+
+class SwitchedByFile(FlakyJsonl):
+    """FlakyJsonl with its switch in a file: the export process reads it there."""
+
+    name = "switched_jsonl"
+
+    def _switch(self) -> None:
+        Switch.mode = Path(os.environ["OUTAGE_SWITCH_FILE"]).read_text()
+        super()._switch()
+
+
+def test_an_outage_in_the_export_process_logs_the_same_two_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend exports from a child process (``export_in_subprocess``): its errors reach the
+    parent's outage log, classified there as in process (MLflow's own REST error, raised in the
+    child): one line down, one back, nothing per attempt."""
+    switch = tmp_path / "switch"
+    switch.write_text("up")
+    monkeypatch.setenv("OUTAGE_SWITCH_FILE", str(switch))
+    register_backend("switched_jsonl", f"{__name__}:SwitchedByFile")
+    caplog.set_level(logging.DEBUG, logger="tracer")
+    spool = tmp_path / "spool"
+    tracer.init(backend="switched_jsonl", jsonl_path=str(tmp_path / "t.jsonl"),
+                spool_dir=str(spool), flush_interval_s=0.05, export_max_retries=2,
+                replay_interval_s=0.05, export_in_subprocess=True)  # fmt: skip
+    worker = tracer.get_tracer().pipeline.workers[0]
+    assert worker.exporter.pid not in (None, os.getpid())
+    switch.write_text("down")
+    _trace(20)
+    _wait(lambda: tracer.metrics()["tracer/switched_jsonl/down"] == 1, timeout=60)
+    _trace(10)
+    failed = worker.errors.counts["export switched_jsonl"]
+    _wait(lambda: worker.errors.counts["export switched_jsonl"] >= failed + 3)  # probes fail
+    switch.write_text("up")
+    assert tracer.flush(timeout_s=60)
+    assert worker.exporter.starts == 1  # the child answered every time: never replaced
+    loud = [r for r in caplog.records if r.name == "tracer" and r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(" is ")[1][:4] for r in loud] == ["down", "back"], loud
+    down, back = (r.getMessage() for r in loud)
+    assert "ExportProcessOutage: MlflowException" in down and f"spooling to {spool}" in down
+    assert "the 30 trajectories that waited have been sent" in back
+    assert not any(r.exc_info for r in loud)
+    assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 30

@@ -186,9 +186,17 @@ class _ExporterSource:
         self.exporter: Exporter | None = exporter
         self.name = name
         self.config = config
+        self.child_destination: str | None = None  # set once this process exports from a child
 
     def __call__(self) -> Exporter:
         exporter, self.exporter = self.exporter, None
+        if exporter is None and self.child_destination is not None:
+            from tracer.backends.subprocess_proxy import SubprocessExporter
+
+            # a forked process: its own child, started by its export worker's thread at the
+            # first export (this runs on the rollout's thread, under the pipeline's lock)
+            return SubprocessExporter(self.name, self.config, self.child_destination,
+                                      start=False)  # fmt: skip
         if exporter is None:
             exporter = as_exporter(create_exporter(self.name, self.config))
         if not _in_child(self.config.export_in_subprocess, self.name, exporter):
@@ -205,6 +213,7 @@ class _ExporterSource:
                         "did not start (%s: %s)", self.name, type(exc).__name__, exc)
             return exporter
         exporter.shutdown()  # it proved the backend starts; the child has its own
+        self.child_destination = exporter.spool_key
         return child
 
 

@@ -466,7 +466,10 @@ class Pipeline:
                 self._drop_before_workers(1, "unexported_at_exit")
                 ok = False
         for w in self.workers:
-            if not w.stop(deadline):
+            stopped = w.stop(deadline)
+            if not stopped and w.exporter.abort():  # e.g. a hung export process: killed
+                stopped = w.stop(time.monotonic() + 2.0)  # its call ends; the batch is spooled
+            if not stopped:
                 since = w.inflight_since
                 log.error(
                     "rollout-tracer: backend %s is stuck in an export call (%.0f s); not "

@@ -21,6 +21,9 @@ Everything the pipeline asks of a backend is declared here once, with its defaul
   as the spool holds it (``tracer.encode``, redacted); a byte-oriented backend writes these
   instead of encoding again. By default it calls ``export``;
 - ``force_flush(timeout_s)`` and ``shutdown(timeout_s)``;
+- ``abort()``: shutdown's deadline passed while an export call is still running; called from
+  another thread, it ends that call if it can (the export process: killed) and says so. The
+  call's batch stays in the spool. By default it cannot (False);
 - ``annotate(batch)`` (optional, ``supports_annotations``): attach values computed after the
   rollout (``tracer.annotations.AnnotationRecord``) to traces already stored,
   idempotently; returns, per annotation, whether its trace was found (False: skipped).
@@ -108,6 +111,9 @@ class Exporter:
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         return None
+
+    def abort(self) -> bool:
+        return False
 
     @property
     def spool_key(self) -> str:

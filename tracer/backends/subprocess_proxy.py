@@ -1,176 +1,307 @@
 """Run a backend's exports in a child process (``TraceConfig.export_in_subprocess``).
 
-Export work (MLflow's ``log_spans`` is ~6 ms of Python per trajectory) holds the GIL; in the
+Export work (MLflow's ``log_spans`` is ~2 ms of Python per trajectory) holds the GIL; in the
 rollout's process it competes with the rollout's own Python. The proxy keeps retries, spool
 and replay in the parent's export worker and only moves the export into a child: the parent
 sends the batch's JSON lines (the spool's bytes: nothing decoded or pickled record by record
-in the rollout's process) onto the child's stdin and waits (without the GIL) for the answer;
-the child reads them back as records, as a replay of the spool does.
-A child that dies is a failed export (the batch stays in the spool) and is restarted on the
-next one. The child is a plain ``python -m tracer.backends.subprocess_proxy``, not a
-multiprocessing spawn, so the user's ``__main__`` is never re-imported.
+in the rollout's process) and waits (without the GIL) for the answer; the child reads them back
+as records, as a replay of the spool does. The child is a plain
+``python -m tracer.backends.export_process``, not a multiprocessing spawn, so the user's
+``__main__`` is never re-imported; what it does on its side is in that module.
+
+The child is the tracer's machinery, and a user should never notice it:
+- it runs in a session of its own and ignores terminal signals, so the user's Ctrl-C does not
+  reach it and the graceful shutdown that follows exports through it;
+- it dies with its parent (a parent-death signal, and EOF on its stdin);
+- every call has a deadline (``tracer.backends.pipe_channel``: poll, any fd number), and any
+  failure of a call counts as a dead child: it is killed and reaped, the batch stays in the
+  spool (the export worker wrote it there first), and the next export starts another;
+- a forked process closes its copies of the pipes and starts its own child at its first
+  export, on its export worker's thread;
+- at shutdown a child that does not answer in time is killed (``abort``).
+The parent-death signal is tied to the thread that started the child (Linux's rule): the one
+that called ``init``, or the export worker's; if that thread ends first, the child goes with it
+and the next export starts another.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-import pickle
-import select
 import subprocess
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Sequence
-from typing import IO, Any
-
-import orjson
+from typing import Any
 
 from tracer.backends.base import Exporter, ExportResult, as_exporter
+from tracer.backends.pipe_channel import Channel
 from tracer.config import TraceConfig
+from tracer.errors import log_every
 from tracer.record import TrajectoryRecord
 
 log = logging.getLogger("tracer")
 
+START_TIMEOUT_S = 10.0  # for the child to say hello: the interpreter runs our module
+STOP_TIMEOUT_S = 5.0  # for the child to end after the parent's goodbye
+HELLO_MAX_BYTES = 1 << 10  # a hello is a few bytes: anything else is not our child talking
+
+_live: weakref.WeakSet[SubprocessExporter] = weakref.WeakSet()
+
+
+class ExportProcessError(RuntimeError):
+    """The backend's export raised in the export process: its type and text."""
+
+
+class ExportProcessOutage(ConnectionError):
+    """The same, for an error that says the backend is out of reach now (``tracer.outage``)."""
+
+
+class ExportProcessLost(ConnectionError):
+    """The export process died, missed its deadline or could not start: it was killed, and the
+    next export starts another."""
+
 
 def picklable(config: TraceConfig) -> TraceConfig:
-    """The config without callables (the child never redacts: the parent already did)."""
-    return dataclasses.replace(config, redact_callback=None)
+    """The config without callables (the child neither redacts nor keeps: the parent did)."""
+    return dataclasses.replace(config, redact_callback=None, keep_predicate=None)
+
+
+def python_executable() -> str:
+    """The Python to start the child with: ``sys.executable``, else ``multiprocessing``'s
+    (``multiprocessing.set_executable`` names one in an embedding host), when its file name
+    says it is a Python. Another host's binary (uWSGI) is never started with ``-m``."""
+    import multiprocessing.spawn
+
+    for path in (sys.executable, multiprocessing.spawn.get_executable()):
+        if not path:
+            continue
+        path = os.fsdecode(path)
+        name = os.path.basename(path).lower()
+        if name.startswith(("python", "pypy")) and os.access(path, os.X_OK):
+            return path
+    raise RuntimeError(
+        f"sys.executable ({sys.executable!r}) is not a Python interpreter (an embedding host?); "
+        "multiprocessing.set_executable(path) can name one"
+    )
 
 
 class SubprocessExporter(Exporter):
-    """An Exporter that forwards ``export`` to the same backend in a child process."""
+    """An Exporter that forwards ``export`` to the same backend in a child process. With
+    ``start=False`` (a forked process) the child starts at the first export; if it cannot,
+    that process exports in-process, with one warning, unless ``export_in_subprocess=True``."""
 
-    def __init__(self, name: str, config: TraceConfig, destination: str) -> None:
+    def __init__(
+        self, name: str, config: TraceConfig, destination: str, *, start: bool = True
+    ) -> None:
         self.name = name
         self.config = picklable(config)
         self.destination = destination  # the same spool folder as the in-process exporter
+        self.starts = 0  # children started
+        self.losses = 0  # children killed or found dead
+        self._may_fall_back = not start and not config.export_in_subprocess
+        self._local: Exporter | None = None  # the in-process exporter, after a fall back
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._start()  # at init: a child that cannot start is an init error, like a backend
+        self._channel: Channel | None = None
+        self._aborted = False  # abort() killed it and said so
+        _live.add(self)
+        if start:
+            self._start()  # at init: a child that cannot start is an init error, like a backend
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def _call(self, message: Any, timeout_s: float) -> Any:
         proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        pickle.dump(message, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-        proc.stdin.flush()
-        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        if not ready:
-            raise TimeoutError(f"no answer in {timeout_s:.0f} s")
-        return pickle.load(proc.stdout)
+        return proc.pid if proc is not None else None
 
-    def _start(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # same imports as here
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tracer.backends.subprocess_proxy"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-        )  # fmt: skip
-        status, detail = self._call((self.name, self.config), max(60.0,
-                                                                   self.config.export_timeout_s))
-        if status != "ready":
-            self._stop(kill=True)
-            raise RuntimeError(f"export process for {self.name} failed to start: {detail}")
-
+    # the export calls ---------------------------------------------------------------------
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
-        return self._send(("records", list(batch), replay))
+        return self._send(("records", list(batch), replay), batch)
 
     def export_encoded(
         self, batch: Sequence[TrajectoryRecord], lines: Sequence[bytes], *, replay: bool = False
     ) -> ExportResult:
-        return self._send(("lines", list(lines), replay))
+        return self._send(("lines", list(lines), replay), batch)
 
-    def _send(self, message: tuple[str, list[Any], bool]) -> ExportResult:
+    def _send(self, message: tuple[str, list[Any], bool],
+              batch: Sequence[TrajectoryRecord]) -> ExportResult:  # fmt: skip
         with self._lock:
+            if self._local is None and not self._running():
+                self._start_or_fall_back()
+            if self._local is not None:
+                return self._local.export([r.materialize() for r in batch], replay=message[2])
+            channel = self._channel
+            assert channel is not None
+            deadline = time.monotonic() + self.config.export_timeout_s * 4 + 30
             try:
-                if self._proc is None or self._proc.poll() is not None:
-                    self._start()
-                status, detail = self._call(message, self.config.export_timeout_s * 4 + 30)
-            except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
-                self._stop(kill=True)
-                raise RuntimeError(f"export process for {self.name} died: {exc}") from exc
-        if status != ExportResult.SUCCESS.value and detail:
-            log.warning("rollout-tracer: export to %s (in its process) failed: %s",
-                        self.name, detail)
+                channel.send(message, deadline)
+                status, detail, outage = channel.recv(deadline)
+            except BaseException as exc:  # whatever it was, this child is done
+                why = "missed its deadline" if isinstance(exc, TimeoutError) else (
+                    f"failed ({type(exc).__name__}: {exc})")  # fmt: skip
+                self._lose(why)
+                if not isinstance(exc, Exception):
+                    raise
+                raise ExportProcessLost(f"the export process for {self.name} {why}") from exc
+        if detail:
+            raise (ExportProcessOutage if outage else ExportProcessError)(detail)
         try:
             return ExportResult(status)
         except ValueError:
             return ExportResult.FAILURE
 
-    def _stop(self, kill: bool = False, timeout_s: float = 10.0) -> None:
-        proc, self._proc = self._proc, None
+    def _running(self) -> bool:
+        """Whether the child is there to call; one that died while idle is reaped and said."""
+        proc = self._proc
         if proc is None:
-            return
-        if not kill and proc.poll() is None:
-            try:
-                assert proc.stdin is not None
-                pickle.dump(None, proc.stdin)
-                proc.stdin.flush()
-                proc.wait(timeout_s)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+            return False
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+            return True
+        self._lose(_exit_reason(proc.returncode))
+        return False
 
+    def _start_or_fall_back(self) -> None:
+        try:
+            self._start()
+        except Exception as exc:
+            if not self._may_fall_back:
+                raise ExportProcessLost(
+                    f"the export process for {self.name} could not start: {exc}") from exc
+            from tracer.backends import create_exporter
+
+            self._local = as_exporter(create_exporter(self.name, self.config))
+            log.warning("rollout-tracer: %s exports from this process: its export process "
+                        "did not start (%s: %s)", self.name, type(exc).__name__, exc)  # fmt: skip
+        self._may_fall_back = False
+
+    # the child's life -----------------------------------------------------------------------
+    def _start(self) -> None:
+        exe = python_executable()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # same imports as here
+        from_child, to_parent = os.pipe()
+        from_parent, to_child = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [exe, "-m", "tracer.backends.export_process", str(os.getpid())],
+                stdin=from_parent, stdout=to_parent, env=env, start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(from_child)
+            os.close(to_child)
+            raise
+        finally:
+            os.close(from_parent)
+            os.close(to_parent)
+        self._proc, self._channel = proc, Channel(from_child, to_child)
+        self.starts += 1
+        try:
+            try:
+                hello = self._channel.recv(time.monotonic() + START_TIMEOUT_S, HELLO_MAX_BYTES)
+            except TimeoutError:
+                raise TimeoutError(f"{exe} did not start the export process within "
+                                   f"{START_TIMEOUT_S:.0f} s") from None  # fmt: skip
+            if hello != ("hello", proc.pid):
+                raise RuntimeError(f"{exe} did not start the export process")
+            # the backend's own start (MLflow's import): as long as it may take in process
+            deadline = time.monotonic() + max(60.0, 2 * self.config.export_timeout_s)
+            self._channel.send((self.name, _import_path(self.name), self.config), deadline)
+            status, detail, _ = self._channel.recv(deadline)
+            if status != "ready":
+                raise RuntimeError(f"export process for {self.name} failed to start: {detail}")
+        except BaseException:
+            self._kill()
+            raise
+
+    def _lose(self, why: str) -> None:
+        """The child died or failed a call: kill and reap it, one line in the log."""
+        pid = self.pid
+        self._kill()
+        self.losses += 1
+        if not self._aborted and log_every(self.losses):
+            log.warning("rollout-tracer: the export process for %s (pid %s) %s; the batch stays "
+                        "in the spool and the next export starts another [%d so far]",
+                        self.name, pid, why, self.losses)  # fmt: skip
+
+    def _kill(self) -> None:
+        proc, channel = self._proc, self._channel
+        self._proc = self._channel = None
+        try:
+            if proc is not None:
+                proc.kill()  # a no-op once it is reaped
+                # stuck in the kernel past this: Popen reaps it later
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(STOP_TIMEOUT_S)
+        finally:
+            if channel is not None:
+                channel.close()
+
+    def _forget_after_fork(self) -> None:
+        """In a forked process: the child is the parent's. Close this process's copies of its
+        pipes (the child sees EOF when its parent is gone) and never signal it."""
+        self._lock = threading.Lock()
+        channel, self._channel, self._proc = self._channel, None, None
+        if channel is not None:
+            channel.close()
+
+    # control ------------------------------------------------------------------------------
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         return True
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         with self._lock:
-            self._stop(timeout_s=timeout_s)
+            if self._local is not None:
+                self._local.shutdown(timeout_s)
+            proc, channel = self._proc, self._channel
+            if proc is None or channel is None:
+                return
+            deadline = time.monotonic() + min(timeout_s, STOP_TIMEOUT_S)
+            try:
+                if proc.poll() is None:
+                    channel.send(None, deadline)  # goodbye: the child shuts its backend down
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+            except (OSError, TimeoutError, subprocess.TimeoutExpired):
+                pass
+            finally:
+                self._kill()  # still there after the deadline: killed
+
+    def abort(self) -> bool:
+        """Shutdown's deadline passed during an export call (another thread's): kill the child
+        so that the call ends; its batch stays in the spool."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return False
+        log.warning("rollout-tracer: the export process for %s (pid %d) did not answer before "
+                    "the shutdown deadline; it was killed", self.name, proc.pid)  # fmt: skip
+        self._aborted = True
+        proc.kill()
+        return True
 
 
-def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
-    from tracer.backends import create_exporter
+def _import_path(name: str) -> str | None:
+    """How the child makes the backend: its "module:Factory" path as registered here (a backend
+    registered as a callable has none: the child then looks the name up itself)."""
+    from tracer.backends import available_backends
 
-    def answer(message: Any) -> None:
-        pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
-
-    name, config = pickle.load(inp)
-    try:
-        exporter = as_exporter(create_exporter(name, config))
-    except Exception as exc:
-        answer(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    answer(("ready", None))
-    while True:
-        try:
-            message = pickle.load(inp)
-        except EOFError:  # the parent is gone
-            break
-        if message is None:
-            break
-        kind, batch, replay = message
-        try:
-            if kind == "lines":
-                lines, batch = batch, [_record(line) for line in batch]
-                result = exporter.export_encoded(batch, lines, replay=replay)
-            else:
-                result = exporter.export(batch, replay=replay)
-            answer((result.value, None))
-        except Exception as exc:
-            answer((ExportResult.FAILURE.value, f"{type(exc).__name__}: {exc}"))
-    exporter.shutdown()
+    target = available_backends().get(name)
+    return target if isinstance(target, str) else None
 
 
-def _record(line: bytes) -> TrajectoryRecord:
-    data = orjson.loads(line)
-    return TrajectoryRecord.from_dict(data)
+def _exit_reason(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        return f"was killed (signal {-returncode})"
+    return f"exited (status {returncode})"
 
 
-if __name__ == "__main__":
-    # Our channel is the original stdout; anything the backend prints goes to stderr.
-    channel = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    _serve(sys.stdin.buffer, channel)
+def _forget_children_after_fork() -> None:
+    for exporter in list(_live):
+        exporter._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_children_after_fork)

@@ -1,0 +1,170 @@
+"""What runs in the export process: ``python -m tracer.backends.export_process PARENT_PID``.
+
+The parent (``tracer.backends.subprocess_proxy``) starts it in a session of its own and talks
+to it over its stdin and stdout (``tracer.backends.pipe_channel``). It is the tracer's
+machinery, not the user's, so:
+
+- terminal signals are not for it: it is in no terminal's process group, and it ignores
+  SIGINT, SIGTERM and SIGQUIT besides (a job manager that signals every process of a job), so it
+  lives through the user's Ctrl-C and the parent's graceful shutdown exports through it;
+- it dies with its parent: a parent-death signal (Linux; checked right after against the race
+  with the parent's death), and EOF on its stdin when the parent closes it or is gone;
+- it writes at most one line per event to stderr, never a traceback.
+
+This module is the process's own: here it may set its signal dispositions and logging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from tracer.backends.base import ExportResult, as_exporter
+from tracer.backends.pipe_channel import Channel
+from tracer.record import TrajectoryRecord
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+DETAIL_CHARS = 2000  # an error's text, as the parent gets it
+
+
+def main(parent_pid: int) -> None:
+    _ignore_terminal_signals()
+    _die_with(parent_pid)
+    _one_line_output(f"rollout-tracer export process (pid {os.getpid()})")
+    # the channel is the original stdout; anything a backend prints goes to stderr instead
+    channel = Channel(0, os.dup(1))
+    os.dup2(2, 1)
+    channel.send(("hello", os.getpid()), None)
+    with contextlib.suppress(EOFError, OSError):  # the parent is gone: nobody to answer
+        _serve(channel)
+
+
+def _ignore_terminal_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _die_with(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no libc prctl: EOF on stdin still ends us
+            pass
+    if os.getppid() != parent_pid:  # it died before the signal was armed
+        os._exit(0)
+
+
+def _serve(channel: Channel) -> None:
+    from tracer.backends import create_exporter
+
+    name, target, config = channel.recv(None)
+    try:
+        exporter = as_exporter(_make(name, target, config, create_exporter))
+    except Exception as exc:
+        channel.send(("error", _detail(exc), False), None)
+        return
+    # again: a library the backend imported may have set its own (polars, under MLflow, sets
+    # a SIGINT handler in C)
+    _ignore_terminal_signals()
+    _one_line_output(f"rollout-tracer export process for {name} (pid {os.getpid()})")
+    channel.send(("ready", None, False), None)
+    while True:
+        message = channel.recv(None)
+        if message is None:  # the parent's shutdown
+            break
+        channel.send(_export(exporter, message), None)
+    exporter.shutdown()
+
+
+def _make(name: str, target: str | None, config: Any, create: Any) -> Any:
+    """The backend the parent has, from its import path when the parent registered one."""
+    if target is None:
+        return create(name, config)
+    import importlib
+
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)(config)
+
+
+def _export(exporter: Any, message: tuple[str, list[Any], bool]) -> tuple[str, Any, bool]:
+    """(result, the error's text or None, whether the error says the backend is out of reach)."""
+    from tracer.outage import is_outage
+
+    kind, batch, replay = message
+    try:
+        if kind == "lines":
+            lines, batch = batch, [_record(line) for line in batch]
+            result = exporter.export_encoded(batch, lines, replay=replay)
+        else:
+            result = exporter.export(batch, replay=replay)
+        return result.value, None, False
+    except Exception as exc:
+        return ExportResult.FAILURE.value, _detail(exc), is_outage(exc)
+
+
+def _record(line: bytes) -> TrajectoryRecord:
+    import orjson
+
+    return TrajectoryRecord.from_dict(orjson.loads(line))
+
+
+def _detail(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return text[:DETAIL_CHARS]
+
+
+class OneLine(logging.Formatter):
+    """A record as one line: the message's first line and, for an exception, its last line."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = " ".join(record.getMessage().split())
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({_detail(record.exc_info[1])})"
+        return f"{self.prefix}: {record.levelname} {record.name}: {text}"[:DETAIL_CHARS]
+
+
+def _one_line_output(prefix: str) -> None:
+    """Every logger's handlers write one line per record at WARNING and above (a backend's
+    import may have added its own handlers: this runs again once it is made); an uncaught
+    exception or a warning is one line too."""
+    formatter = OneLine(prefix)
+    logging.basicConfig(level=logging.WARNING, force=True)
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.root.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)
+    ]  # fmt: skip
+    for logger in loggers:
+        for handler in logger.handlers:
+            handler.setFormatter(formatter)
+            handler.setLevel(max(handler.level, logging.WARNING))
+    logging.captureWarnings(True)
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        print(f"{prefix}: {_detail(exc)}", file=sys.stderr, flush=True)
+
+    def thread_excepthook(args: Any) -> None:
+        if args.exc_value is not None:
+            excepthook(args.exc_type, args.exc_value, args.exc_traceback)
+
+    def unraisablehook(args: Any) -> None:
+        if args.exc_value is not None:
+            excepthook(type(args.exc_value), args.exc_value, None)
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+    sys.unraisablehook = unraisablehook
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
