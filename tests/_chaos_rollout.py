@@ -1,0 +1,86 @@
+"""One rollout process of the chaos test (tests/test_chaos.py), run as a user would run a job:
+``python -m tests._chaos_rollout LEDGER URI SPOOL WORKER RATE``, in a session of its own, so a
+terminal's Ctrl-C is SIGINT to its whole process group.
+
+It traces multi-turn trajectories at about RATE a second into MLflow while a busy Python thread
+holds the GIL, and appends ``<step> <sample_index> <unix time>`` to LEDGER when each one has
+finished (the moment the tracer owns it). On SIGINT it leaves its loop as a rollout would
+(KeyboardInterrupt), shuts the tracer down gracefully, and writes its final metrics next to the
+ledger (``LEDGER.metrics.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+import tracer
+
+
+def spin() -> None:
+    """A busy Python thread (the rollout's own work): it holds the GIL in 20 ms bursts, half
+    the time, so two of these test processes leave the 2-core machine's suite some CPU."""
+    while True:
+        until = time.monotonic() + 0.02
+        while time.monotonic() < until:
+            pass
+        time.sleep(0.02)
+
+
+@tracer.trace_op(kind="generate")
+def generate(messages: list[dict[str, str]]) -> str:
+    return "call calculator(2 + 3)" if len(messages) < 3 else "The answer is 5."
+
+
+@tracer.trace_op(kind="tool")
+def calculator(expression: str) -> str:
+    return "5"
+
+
+@tracer.trace_op(kind="reward")
+def reward(answer: str) -> float:
+    return 1.0 if "5" in answer else 0.0
+
+
+def rollout(worker: int, i: int) -> None:
+    with tracer.trace_attr(step=worker, sample_index=i, name="chaos"):
+        messages = [{"role": "user", "content": f"question {i} from worker {worker}: 2 + 3?"}]
+        messages.append({"role": "assistant", "content": generate(messages)})
+        messages.append({"role": "tool", "content": calculator("2 + 3")})
+        answer = generate(messages)
+        reward(answer)
+
+
+def main() -> None:
+    ledger_path, uri, spool, worker, rate = sys.argv[1:6]
+    tracer.init(
+        backend="mlflow", tracking_uri=uri, project_name="chaos", spool_dir=spool,
+        flush_interval_s=0.2, export_batch_size=20, replay_interval_s=0.5,
+        export_max_retries=1, export_timeout_s=5.0, shutdown_timeout_s=60.0,
+    )  # fmt: skip
+    threading.Thread(target=spin, daemon=True).start()
+    period = 1.0 / float(rate)
+    ledger = os.open(ledger_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    i = 0
+    next_at = time.monotonic()
+    try:
+        while True:
+            rollout(int(worker), i)
+            os.write(ledger, f"{worker} {i} {time.time():.3f}\n".encode())
+            i += 1
+            next_at += period
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    except KeyboardInterrupt:  # Ctrl-C: the job ends, the tracer shuts down gracefully
+        pass
+    pipeline = tracer.get_tracer().pipeline
+    graceful = tracer.shutdown()
+    metrics = pipeline.metrics() if pipeline is not None else {}
+    with open(ledger_path + ".metrics.json", "w") as f:
+        json.dump({"graceful": graceful, "metrics": metrics}, f)
+
+
+if __name__ == "__main__":
+    main()

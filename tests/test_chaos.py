@@ -1,0 +1,284 @@
+"""Faults that overlap, as on a real cluster: the durability promise under a seeded schedule.
+
+Two rollout processes (``tests/_chaos_rollout.py``, each with a busy Python thread and the MLflow
+export child of the default config) trace into one real ``mlflow server`` and share a spool on a
+small tmpfs. For ``CHAOS_SECONDS`` (default 90) a schedule drawn from the seed:
+- SIGKILLs the server and restarts it (3 times);
+- SIGKILLs a rollout process and starts a replacement (2 times);
+- fills the spool's disk to the last byte for 3-6 s (2 times; the first while the server is
+  down too, so batches have nowhere to go but memory).
+At the end every survivor gets SIGINT on its process group (a terminal's Ctrl-C) and shuts down
+gracefully; then ``rollout-tracer replay`` exports what the spool still holds.
+
+The check, read back with MLflow's client: every trajectory a process finished more than 2 s
+before that process was killed (all of them, for the survivors) is stored exactly once, and any
+other finished trajectory that is missing is counted as dropped by its process (survivors) or
+lies in the last 2 s before a kill. No export child outlives its parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._servers import MlflowServer, free_port, start_mlflow_server
+
+pytest.importorskip("mlflow")
+
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "90"))
+RATE = 12  # trajectories a second per rollout process (a 2-core machine, server included)
+GRACE_S = 2.0  # what finished this close to its process's SIGKILL may be lost
+
+
+class Rollout:
+    """One rollout process: its ledger of finished trajectories, and when it was killed."""
+
+    def __init__(self, worker: int, tmp: Path, uri: str, spool: Path) -> None:
+        self.worker = worker
+        self.ledger = tmp / f"ledger-{worker}.txt"
+        self.log = open(tmp / f"rollout-{worker}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests._chaos_rollout", str(self.ledger), uri, str(spool),
+             str(worker), str(RATE)],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        )  # fmt: skip
+        self.killed_at: float | None = None
+        self.children: set[int] = set()
+
+    def finished(self) -> list[tuple[str, str, float]]:
+        if not self.ledger.exists():
+            return []
+        rows = [line.split() for line in self.ledger.read_text().splitlines()]
+        return [(r[0], r[1], float(r[2])) for r in rows if len(r) == 3]
+
+    def kill(self) -> None:
+        self.killed_at = time.time()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def interrupt(self) -> None:
+        """Ctrl-C in its terminal: SIGINT to its whole process group."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGINT)
+
+    def final(self) -> dict[str, Any]:
+        path = Path(f"{self.ledger}.metrics.json")
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def children_of(pids: set[int]) -> set[int]:
+    """Processes whose parent is one of ``pids`` (read from /proc)."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid in pids:
+                out.add(int(entry))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Disk:
+    """A small tmpfs for the spool, filled to the last byte on demand."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir()
+        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(path)],
+                               capture_output=True, text=True)  # fmt: skip
+        if mount.returncode != 0:
+            pytest.skip(f"the chaos test needs a tmpfs for the spool: {mount.stderr.strip()}")
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        with open(self.filler, "ab", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"x" * 65536)
+        with open(self.filler, "ab", buffering=0) as f, contextlib.suppress(OSError):
+            while True:  # the last bytes
+                f.write(b"x")
+
+    def free(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.filler.unlink()
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+
+def schedule(seed: int) -> list[tuple[float, str]]:
+    """The seeded timeline: (seconds from the start, event)."""
+    rng = random.Random(seed)
+    span = SECONDS - 20  # leave the end quiet enough to see the last events settle
+    events: list[tuple[float, str]] = []
+    server_kills: list[float] = []
+    while len(server_kills) < 3:  # 6 s apart at least: each kill finds a server up
+        server_kills = sorted(rng.uniform(5, span) for _ in range(3))
+        if any(b - a < 6 for a, b in zip(server_kills, server_kills[1:])):
+            server_kills = []
+    for t in server_kills:
+        events += [(t, "server_kill"), (t + rng.uniform(2, 4), "server_start")]
+    # the first disk fill starts while the server is down: memory is the batches' only home
+    fills = [server_kills[0] + 0.5, rng.uniform(10, span)]
+    for t in fills:
+        events += [(t, "disk_fill"), (t + rng.uniform(3, 6), "disk_free")]
+    busy = [(t - GRACE_S, t + 9) for t in fills]  # no process kill while the disk is full
+    free = [x / 2 for x in range(16, int(span * 2)) if all(not a <= x / 2 <= b for a, b in busy)]
+    assert len(free) >= 8, f"CHAOS_SECONDS={SECONDS} leaves no room for the process kills"
+    first = rng.choice(free[: len(free) // 2])
+    second = rng.choice([t for t in free if t > first + 4] or free[-1:])
+    events += [(first, "rollout_kill"), (second, "rollout_kill")]
+    return sorted(events)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) -> None:
+    # about CHAOS_SECONDS + a minute: the point is faults overlapping over time, in one run
+    root = tmp_path / "server"
+    root.mkdir()
+    port = free_port()
+    server: MlflowServer | None = start_mlflow_server(root, port)
+    assert server is not None
+    url = server.url
+    disk = Disk(tmp_path / "spooldisk")
+    spool = disk.path / "spool"
+    rollouts: list[Rollout] = []
+    try:
+        rollouts = [Rollout(w, tmp_path, url, spool) for w in (1, 2)]
+        start = time.monotonic()
+        events = schedule(seed)
+        freed_at = 0.0
+        while events or time.monotonic() - start < SECONDS:
+            live = {r.proc.pid for r in rollouts if r.proc.poll() is None}
+            for r in rollouts:  # remember every export child, to check none is orphaned
+                r.children |= children_of({r.proc.pid}) if r.proc.pid in live else set()
+            due = events and time.monotonic() - start >= events[0][0]
+            if due and events[0][1] == "rollout_kill" and time.monotonic() - freed_at < 3:
+                due = False  # a restart ran late: give the freed disk its seconds first
+            if due:
+                _, event = events.pop(0)
+                print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
+                if event == "server_kill" and server is not None:
+                    server.stop(kill=True)
+                    server = None
+                elif event == "server_start" and server is None:
+                    server = start_mlflow_server(root, port)
+                elif event == "disk_fill":
+                    disk.fill()
+                elif event == "disk_free":
+                    disk.free()
+                    freed_at = time.monotonic()
+                elif event == "rollout_kill":
+                    victim = next(r for r in rollouts if r.proc.poll() is None)
+                    victim.kill()
+                    rollouts.append(Rollout(len(rollouts) + 1, tmp_path, url, spool))
+                continue
+            time.sleep(0.1)
+        disk.free()
+        if server is None:
+            server = start_mlflow_server(root, port)
+        deadline = time.monotonic() + 120  # a replacement still starting: Ctrl-C after init
+        while any(r.proc.poll() is None and not r.finished() for r in rollouts):
+            assert time.monotonic() < deadline, "a rollout process never finished a trajectory"
+            time.sleep(0.2)
+        print(f"{time.monotonic() - start:6.1f} s  Ctrl-C to the survivors", flush=True)
+        for r in rollouts:
+            if r.proc.poll() is None:
+                r.interrupt()
+        for r in rollouts:
+            if r.killed_at is None:
+                assert r.proc.wait(120) == 0, (r.log.name, Path(r.log.name).read_text()[-3000:])
+        print(f"{time.monotonic() - start:6.1f} s  replay", flush=True)
+        replay = subprocess.run(
+            [str(Path(sys.executable).with_name("rollout-tracer")), "replay", "--spool-dir",
+             str(spool)], capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+
+        print(f"{time.monotonic() - start:6.1f} s  reading back", flush=True)
+        stored = Counter(_stored_keys(root))
+        twice = {k: n for k, n in stored.items() if n > 1}
+        assert not twice, f"stored more than once: {list(twice.items())[:10]}"
+        problems = []
+        for r in rollouts:
+            done = r.finished()
+            missing = [(s, i, t) for s, i, t in done if (s, i) not in stored]
+            if r.killed_at is None:
+                final = r.final()
+                assert final, f"rollout {r.worker} wrote no final metrics"
+                m = final["metrics"]
+                dropped = m.get("tracer/mlflow/dropped", 0)
+                if len(missing) != dropped:
+                    problems.append(f"rollout {r.worker} (Ctrl-C): {len(missing)} of {len(done)} "
+                                    f"missing, {dropped} counted dropped: {missing[:5]}")
+            else:
+                late = [x for x in missing if x[2] < r.killed_at - GRACE_S]
+                if late:
+                    problems.append(f"rollout {r.worker} (SIGKILL): {len(late)} of {len(done)} "
+                                    f"finished > {GRACE_S} s before the kill are missing: "
+                                    f"{late[:5]}")
+        assert not problems, "\n".join(problems)
+        # it really ran: every process that lived past its start traced, through the faults
+        assert all(r.finished() for r in rollouts if r.killed_at is None)
+        assert sum(len(r.finished()) for r in rollouts) > 10 * RATE
+        deadline = time.monotonic() + 10
+        orphans = {pid for r in rollouts for pid in r.children if alive(pid)}
+        while orphans and time.monotonic() < deadline:
+            time.sleep(0.1)
+            orphans = {pid for pid in orphans if alive(pid)}
+        assert not orphans, f"export children outlived their rollout process: {orphans}"
+    finally:
+        for r in rollouts:
+            if r.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(r.proc.pid, signal.SIGKILL)
+                r.proc.wait(10)
+            r.log.close()
+            for pid in r.children:  # never leave ours behind, even when the test failed
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if alive(pid):
+                        os.kill(pid, signal.SIGKILL)
+        if server is not None:
+            server.stop()
+        disk.unmount()
+
+
+def _stored_keys(root: Path) -> list[tuple[str, str]]:
+    """(step, sample_index) of every stored trace, read with MLflow's client from the
+    server's own store (no spans: only the trace tags are needed)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("chaos")
+    assert exp is not None, "nothing was stored"
+    keys: list[tuple[str, str]] = []
+    token = None
+    while True:
+        page = client.search_traces(locations=[exp.experiment_id], max_results=500,
+                                    page_token=token, include_spans=False)  # fmt: skip
+        keys += [(t.info.tags["step"], t.info.tags["sample_index"]) for t in page]
+        token = page.token
+        if not token:
+            return keys
