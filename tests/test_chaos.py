@@ -19,6 +19,7 @@ lies in the last 2 s before a kill. No export child outlives its parent.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -136,7 +137,7 @@ def schedule(seed: int) -> list[tuple[float, str]]:
     server_kills: list[float] = []
     while len(server_kills) < 3:  # 6 s apart at least: each kill finds a server up
         server_kills = sorted(rng.uniform(5, span) for _ in range(3))
-        if any(b - a < 6 for a, b in zip(server_kills, server_kills[1:])):
+        if any(b - a < 6 for a, b in itertools.pairwise(server_kills)):
             server_kills = []
     for t in server_kills:
         events += [(t, "server_kill"), (t + rng.uniform(2, 4), "server_start")]
