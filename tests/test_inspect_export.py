@@ -57,6 +57,8 @@ def test_logs_read_back_equal_the_trajectories(exported: Path) -> None:
     for step, file in zip(STEPS, files, strict=True):
         log = inspect_log.read_eval_log(str(file))
         assert log.status == "success" and log.eval.config.epochs == 2
+        # the run's start and end: inspect view shows a duration (NaN days without them)
+        assert "" < log.stats.started_at <= log.stats.completed_at
         assert log.results.scores[0].name == "reward"
         assert len(log.samples) == 4
         for sample in log.samples:
@@ -221,7 +223,6 @@ def test_inspect_view_shows_a_tool_call(inspect_view: str, tmp_path: Path) -> No
             page.get_by_text("turn 3/3").first.wait_for()
             page.get_by_text("Tool: calculator").first.wait_for()
             page.screenshot(path=str(tmp_path / "inspect.png"))
-            assert "NaN" not in page.inner_text("body")  # the log's duration is known
         except BaseException:
             page.screenshot(path=str(tmp_path / "failure.png"))
             print(f"page at failure: {page.url}; {tmp_path}/failure.png")
