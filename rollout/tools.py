@@ -30,7 +30,7 @@ from rollout.code_runner import (
     run_python,
     signal_of,
 )
-from tracer import trace_op
+from tracer import set_span_attributes, trace_op
 
 
 class ToolError(Exception):
@@ -331,6 +331,8 @@ class ToolRegistry:
         """
         start = time.perf_counter()
         tool = self.tools.get(name)
+        if tool is not None:  # OpenInference's tool.parameters (the OTLP backend)
+            set_span_attributes(tool_schema=tool.parameters)
         try:
             if parse_error is not None:
                 raise ToolError(parse_error)

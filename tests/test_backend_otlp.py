@@ -73,8 +73,9 @@ def test_genai_semconv_attributes() -> None:
     exporter = OtlpExporter(TraceConfig(backend="memory"), span_exporter=memory)
     assert exporter.export([record]).value == "success"
     spans = {s.name: s for s in memory.get_finished_spans()}
-    assert list(spans) == ["trajectory", "generate", "parse", "call_tool", "compute_reward"]
-    root, gen, tool = spans["trajectory"], spans["generate"], spans["call_tool"]
+    # the tool span is named after the tool it ran, not the op that dispatched it
+    assert list(spans) == ["trajectory", "generate", "parse", "add", "compute_reward"]
+    root, gen, tool = spans["trajectory"], spans["generate"], spans["add"]
     assert root.parent is None
     children = [s for n, s in spans.items() if n != "trajectory"]
     assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in children)
@@ -108,9 +109,33 @@ def test_genai_semconv_attributes() -> None:
     assert tool.attributes["gen_ai.tool.name"] == "add"
     assert tool.attributes["gen_ai.tool.call.id"] == "call_0"
     assert json.loads(tool.attributes["mlflow.spanOutputs"]) == "5"
+    # no schema given: no OpenInference tool.parameters; the values are the span's input
+    assert "tool.parameters" not in tool.attributes
+    assert json.loads(tool.attributes["input.value"])["arguments"] == {"a": 2, "b": 3}
     assert "gen_ai.operation.name" not in spans["parse"].attributes
     assert spans["parse"].attributes["mlflow.spanType"] == "PARSER"
     assert spans["compute_reward"].attributes["mlflow.spanType"] == "EVALUATOR"
+
+
+@pytest.mark.parametrize(
+    ("conventions", "name"),
+    [(["genai"], "execute_tool add"), (["openinference"], "add"), ([], "call_tool")],
+)
+def test_tool_span_name_follows_the_conventions(conventions: list[str], name: str) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    tracer.init({"backend": "memory", "raise_internal_errors": True})
+    run_rollout(step=1, sample_index=0)
+    assert tracer.flush(timeout_s=30)
+    [record] = InMemoryExporter.latest().records
+    memory = InMemorySpanExporter()
+    config = TraceConfig(backend="memory", otlp_conventions=conventions)
+    assert OtlpExporter(config, span_exporter=memory).export([record]).value == "success"
+    [tool] = [s for s in memory.get_finished_spans() if s.attributes["mlflow.spanType"] == "TOOL"]
+    assert tool.name == name
+    # the record keeps the op's name (JSONL, MLflow), with the tool's as an attribute
+    [span] = [s for s in record.spans if s.kind == "tool"]
+    assert span.name == "call_tool" and span.attributes["tool_name"] == "add"
 
 
 def test_endpoint_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,15 +188,15 @@ def test_otlp_to_real_mlflow_server(mlflow_server: MlflowServer) -> None:  # noq
             "trajectory": "AGENT",
             "generate": "CHAT_MODEL",
             "parse": "PARSER",
-            "call_tool": "TOOL",
+            "add": "TOOL",
             "compute_reward": "EVALUATOR",
         }
-        assert spans["call_tool"].inputs == {
+        assert spans["add"].inputs == {
             "name": "add",
             "arguments": {"a": 2, "b": 3},
             "tool_call_id": "call_0",
         }
-        assert spans["call_tool"].outputs == "5"
+        assert spans["add"].outputs == "5"
         assert spans["generate"].inputs["messages"] == [{"role": "user", "content": "2+3?"}]
         assert spans["generate"].outputs["content"] == "CALL add 2 3"
         assert spans["trajectory"].inputs == spans["generate"].inputs

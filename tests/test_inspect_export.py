@@ -1,6 +1,7 @@
 """``rollout-tracer export --format inspect``: Inspect eval logs read back with Inspect's own
-``read_eval_log`` equal the traced trajectories, and ``inspect view`` (a real server on
-loopback, in headless Chromium) shows a trajectory's tool call."""
+``read_eval_log`` equal the traced trajectories (messages, events, every tool result, the error
+of a trajectory that raised), and ``inspect view`` (a real server on loopback, in headless
+Chromium) shows a trajectory's tool call and its Transcript."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def test_logs_read_back_equal_the_trajectories(exported: Path) -> None:
     for step, file in zip(STEPS, files, strict=True):
         log = inspect_log.read_eval_log(str(file))
         assert log.status == "success" and log.eval.config.epochs == 2
+        # the run's start and end: inspect view shows a duration (NaN days without them)
+        assert "" < log.stats.started_at <= log.stats.completed_at
         assert log.results.scores[0].name == "reward"
         assert len(log.samples) == 4
         for sample in log.samples:
@@ -74,6 +77,77 @@ def test_logs_read_back_equal_the_trajectories(exported: Path) -> None:
             replies = [m for m in sample.messages if m.role == "assistant"]
             assert replies[0].metadata["logprobs"] == pytest.approx(expected["logprobs"][:5])
     assert seen == {(s, i, n) for s in STEPS for i in range(2) for n in range(2)}
+
+
+def test_samples_have_events_for_the_transcript(exported: Path) -> None:
+    """Each sample's events: a model event per generate call (the chat so far in, the reply
+    out), a tool event per tool call, the reward's score event, in the order they ran."""
+    log = inspect_log.read_eval_log(str(exported / "step-000001.eval"))
+    for sample in log.samples:
+        events = sample.events
+        assert [e.event for e in events] == ["model", "tool"] * 2 + ["model", "score"]
+        model = [e for e in events if e.event == "model"]
+        replies = [i for i, m in enumerate(sample.messages) if m.role == "assistant"]
+        for event, at in zip(model, replies, strict=True):
+            assert [m.text for m in event.input] == [m.text for m in sample.messages[:at]]
+            assert event.output.completion == sample.messages[at].text
+            assert event.output.usage.output_tokens == 5
+        calls = [c for m in sample.messages if m.role == "assistant" for c in m.tool_calls or []]
+        results = [m for m in sample.messages if m.role == "tool"]
+        for event, call, result in zip((e for e in events if e.event == "tool"), calls, results,
+                                       strict=True):  # fmt: skip
+            assert (event.id, event.function, event.arguments) == (
+                call.id, "calculator", call.arguments)  # fmt: skip
+            assert event.result == result.text and event.error is None
+        assert events[-1].score.value == sample.scores["reward"].value == 1.0
+        times = [e.timestamp for e in events]
+        assert times == sorted(times) and events[0].timestamp.isoformat() >= sample.started_at
+
+
+@pytest.fixture(scope="module")
+def cut_short(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Step 5: trajectories cut by the turn limit right after a tool call (no answer, no
+    reward); step 6: trajectories that raised after their first tool result."""
+    tmp = tmp_path_factory.mktemp("inspect-cut")
+    jsonl = tmp / "traces.jsonl"
+    tracer.init({"backend": "jsonl", "jsonl_path": str(jsonl), "spool": False,
+                 "raise_internal_errors": True})  # fmt: skip
+    try:
+        tool_rollout.run(step=5, samples=1, rollout_n=2, max_turns=2)
+        tool_rollout.run(step=6, samples=1, rollout_n=2, fail=True)
+        assert tracer.flush(timeout_s=60)
+    finally:
+        tracer.shutdown()
+    out = tmp / "logs"
+    args = ["export", "--from", "jsonl", "--path", str(jsonl), "--format", "inspect"]
+    assert main([*args, "--out", str(out), "--no-progress"]) == 0
+    return {step: inspect_log.read_eval_log(str(out / f"step-{step:06d}.eval")) for step in (5, 6)}
+
+
+def test_a_trajectory_ending_on_a_tool_call_keeps_its_results(cut_short: Any) -> None:
+    for sample in cut_short[5].samples:
+        expected = tool_rollout.EXPECTED[(5, sample.id, sample.epoch - 1)]["messages"]
+        assert [m.role for m in sample.messages] == [m["role"] for m in expected]
+        *_, last_reply, last_result = sample.messages
+        assert last_reply.role == "assistant" and last_result.role == "tool"
+        assert last_result.text == expected[-1]["content"] == "395"
+        assert last_result.tool_call_id == last_reply.tool_calls[0].id
+        assert last_result.function == "calculator"
+        tools = [e for e in sample.events if e.event == "tool"]
+        assert [e.result for e in tools] == ["391", "395"]
+        assert sample.error is None and "reward" not in (sample.scores or {})
+
+
+def test_a_trajectory_that_raised_has_its_error(cut_short: Any) -> None:
+    log = cut_short[6]
+    assert log.results.total_samples == 2 and log.results.completed_samples == 0
+    for sample in log.samples:
+        assert sample.error is not None
+        assert sample.error.message == "ConnectionError: engine lost"
+        assert "raise ConnectionError" in sample.error.traceback
+        assert [e.event for e in sample.events] == ["model", "tool", "error"]
+        assert sample.events[-1].error.message == sample.error.message
+        assert sample.messages[-1].role == "tool" and sample.messages[-1].text == "391"
 
 
 def _plain(messages: list[Any]) -> list[dict[str, Any]]:
@@ -144,6 +218,10 @@ def test_inspect_view_shows_a_tool_call(inspect_view: str, tmp_path: Path) -> No
             page.get_by_text(tool_rollout.QUESTION).first.click()
             page.get_by_text("17 * 23").first.wait_for()
             page.get_by_text("calculator").first.wait_for()
+            # the Transcript tab shows the sample's events: each model call as a turn, the tools
+            page.get_by_text("Transcript").first.click()
+            page.get_by_text("turn 3/3").first.wait_for()
+            page.get_by_text("Tool: calculator").first.wait_for()
             page.screenshot(path=str(tmp_path / "inspect.png"))
         except BaseException:
             page.screenshot(path=str(tmp_path / "failure.png"))

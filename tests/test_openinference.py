@@ -55,7 +55,9 @@ def test_multi_turn_tool_rollout_attributes() -> None:
     spans = export_spans(record)
     [root] = [s for group in spans.values() for s in group if s.parent is None]
     [agent] = spans["agent"]
+    # the tool spans are named after the tool, not the op that dispatched them (call_tool)
     gens, tools = spans["generate"], spans["calculator"]
+    assert "call_tool" not in spans
     assert len(gens) == 3 and len(tools) == 2
     kind = SA.OPENINFERENCE_SPAN_KIND
     assert root.attributes[kind] == "AGENT" and agent.attributes[kind] == "AGENT"
@@ -98,8 +100,9 @@ def test_multi_turn_tool_rollout_attributes() -> None:
 
     tool = tools[1].attributes
     assert tool[SA.TOOL_NAME] == "calculator"
-    assert json.loads(tool[SA.TOOL_PARAMETERS]) == {"expression": "391 + 4"}
-    assert json.loads(tool[SA.INPUT_VALUE]) == {"expression": "391 + 4"}
+    # tool.parameters is the tool's JSON schema (the rollout gave it); the values are the input
+    assert json.loads(tool[SA.TOOL_PARAMETERS]) == tool_rollout.CALCULATOR_SCHEMA
+    assert json.loads(tool[SA.INPUT_VALUE])["arguments"] == {"expression": "391 + 4"}
     assert tool[SA.OUTPUT_VALUE] == "395" and tool[SA.OUTPUT_MIME_TYPE] == "text/plain"
     # the payload under MLflow's name and OpenInference's is one serialization
     assert tool[SA.INPUT_VALUE] == tool["mlflow.spanInputs"]

@@ -172,14 +172,32 @@ def test_phoenix_reads_the_rollout(traced: tuple[str, list[dict[str, Any]]]) -> 
         results = [m for m in conversation if m["role"] == "tool"]
         calls = [c for m in conversation for c in m.get("tool_calls", [])]
         for span, call, result in zip(tools, calls, results, strict=True):
+            # named after the tool, not the op that ran it (call_tool); tool.parameters is
+            # the tool's schema, the call's values are its input
+            assert span["name"] == "calculator"
             assert span["attributes"]["tool.name"] == "calculator"
-            assert json.loads(span["attributes"]["input.value"]) == json.loads(
+            assert _nested(span["attributes"], "tool.parameters") == tool_rollout.CALCULATOR_SCHEMA
+            assert json.loads(span["attributes"]["input.value"])["arguments"] == json.loads(
                 call["function"]["arguments"]
             )
             assert span["attributes"]["output.value"] == result["content"]
         [reward] = [s for s in trace if s["span_kind"] == "EVALUATOR"]
         assert reward["attributes"]["reward"] == expected["reward"]
     assert seen == {(2, s, n) for s in range(2) for n in range(2)}
+
+
+def _nested(attributes: dict[str, Any], prefix: str) -> Any:
+    """An attribute Phoenix parsed as JSON (tool.parameters is one) and serves flattened
+    (``tool.parameters.properties.expression.type``), as the object it was."""
+    out: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if key.startswith(prefix + "."):
+            *path, last = key[len(prefix) + 1 :].split(".")
+            node = out
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+    return out
 
 
 @pytest.mark.skipif(not shutil.which(CHROMIUM), reason=f"needs chromium at {CHROMIUM}")

@@ -102,6 +102,25 @@ async def test_crashing_tool_is_an_error_result() -> None:
     assert result.error == "RuntimeError: kaput"
 
 
+async def test_a_traced_call_records_the_tools_schema() -> None:
+    """The registry names the tool's JSON schema on its span (OpenInference's tool.parameters,
+    tests/test_openinference.py); an unknown tool has none."""
+    import tracer
+    from tracer.testing import InMemoryExporter
+
+    tracer.init({"backend": "memory", "raise_internal_errors": True})
+    tools = default_tools(["calculator"])
+    with tracer.trace_attr(step=0, sample_index=0, rollout_n=0):
+        await tools.call("calculator", {"expression": "6 / 3"})
+        await tools.call("nope", {})
+    assert tracer.flush(timeout_s=30)
+    [record] = InMemoryExporter.latest().records
+    known, unknown = (s for s in record.spans if s.kind == "tool")
+    assert known.attributes["tool_schema"] == Calculator.parameters
+    assert known.attributes["tool_name"] == "calculator" and known.outputs["content"] == "2"
+    assert "tool_schema" not in unknown.attributes
+
+
 def test_default_tools_rejects_unknown_names() -> None:
     with pytest.raises(ValueError, match="valid: calculator, python, search"):
         default_tools(["calculator", "web"])

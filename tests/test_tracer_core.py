@@ -509,3 +509,28 @@ def test_a_thread_that_cannot_start_never_breaks_the_rollout(
     names = [t.name for t in threading.enumerate() if t.name.startswith("rollout-tracer")]
     assert sorted(names) == ["rollout-tracer", "rollout-tracer-memory"]  # one of each
     tracer.reset()
+
+
+async def test_set_span_attributes_names_the_innermost_op() -> None:
+    sink = memory()
+
+    @tracer.trace_op(kind="tool")
+    async def tool(name: str) -> str:
+        await asyncio.sleep(0)  # two calls interleave: each sets its own span
+        tracer.set_span_attributes(tool_schema={"tool": name})
+        return name
+
+    @tracer.trace_op(kind="other")
+    async def outer() -> None:
+        await asyncio.gather(tool("a"), tool("b"))
+
+    tracer.set_span_attributes(ignored=True)  # outside any trajectory: nothing, no error
+    with tracer.trace_attr(step=0, sample_index=0, rollout_n=0):
+        tracer.set_span_attributes(ignored=True)  # no op running: nothing
+        await outer()
+    assert tracer.flush(timeout_s=30)
+    [record] = sink.records
+    assert {s.inputs["name"]: s.attributes["tool_schema"]["tool"]
+            for s in record.spans if s.kind == "tool"} == {"a": "a", "b": "b"}  # fmt: skip
+    assert all("ignored" not in s.attributes for s in record.spans)
+    assert "tool_schema" not in spans_by_name(record)["outer"].attributes

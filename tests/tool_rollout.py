@@ -13,6 +13,12 @@ import tracer
 
 QUESTION = "What is (17 * 23) + 4? Use the calculator."
 SYSTEM = "You are a careful assistant. Call the calculator for arithmetic."
+# the calculator's parameters, as the rollout's tools give them (rollout/tools.py)
+CALCULATOR_SCHEMA = {
+    "type": "object",
+    "properties": {"expression": {"type": "string", "description": "arithmetic only"}},
+    "required": ["expression"],
+}
 
 
 def script(sample: int) -> list[dict[str, Any]]:
@@ -46,10 +52,17 @@ def parse(text: str) -> dict[str, Any]:
     return {"content": head, "tool_calls": parsed}
 
 
-@tracer.trace_op(kind="tool")
 def calculator(expression: str) -> str:
     a, op, b = expression.split()
     return str(int(a) * int(b) if op == "*" else int(a) + int(b))
+
+
+@tracer.trace_op(kind="tool", name="call_tool")
+def call_tool(name: str, arguments: dict[str, Any]) -> str:
+    """One op for every tool, as rollout/tools.py's ``ToolRegistry.call``: the span's name is
+    the op's (``call_tool``), the tool's name is in its inputs, its schema set on the span."""
+    tracer.set_span_attributes(tool_schema=CALCULATOR_SCHEMA)
+    return {"calculator": calculator}[name](**arguments)
 
 
 @tracer.trace_op(kind="reward")
@@ -61,7 +74,10 @@ EXPECTED: dict[tuple[int, int, int], dict[str, Any]] = {}
 
 
 @tracer.trace_op(kind="trajectory")
-def agent(sample: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def agent(sample: int, messages: list[dict[str, Any]], max_turns: int = 3,
+          fail: bool = False) -> dict[str, Any]:  # fmt: skip
+    """``max_turns`` below 3 ends the trajectory on a tool result (the turn limit came before
+    the answer, so no reward); ``fail`` raises after the first tool result."""
     prompt_ids = list(range(1, 21))
     turn = 0
     while True:
@@ -79,32 +95,44 @@ def agent(sample: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
         if not calls:
             break
         for k, call in enumerate(calls):
-            result = calculator(**call["arguments"])
+            result = call_tool(call["name"], call["arguments"])
             messages.append(
                 {"role": "tool", "tool_call_id": f"call_{turn}_{k}", "name": call["name"],
                  "content": result}
             )  # fmt: skip
+        if fail:
+            raise ConnectionError("engine lost")
         prompt_ids = prompt_ids + out["response_ids"] + [7, 8]
         turn += 1
+        if turn == max_turns:
+            return {"messages": messages, "reward": None}
     target = 17 * (23 + sample) + 4
     reward = score(messages[-1]["content"], target)
     return {"messages": messages, "reward": reward}
 
 
-def run(step: int, samples: int = 2, rollout_n: int = 2) -> None:
-    """Trace ``samples`` x ``rollout_n`` trajectories of ``step``; fills ``EXPECTED``."""
+def run(step: int, samples: int = 2, rollout_n: int = 2, **options: Any) -> None:
+    """Trace ``samples`` x ``rollout_n`` trajectories of ``step``; fills ``EXPECTED``.
+    ``options``: :func:`agent`'s ``max_turns`` and ``fail`` (its error is caught here)."""
     for sample in range(samples):
         for n in range(rollout_n):
             messages = [
                 {"role": "system", "content": SYSTEM},
                 {"role": "user", "content": QUESTION},
             ]
-            with tracer.trace_attr(step=step, sample_index=sample, rollout_n=n):
-                out = agent(sample, messages)
+            try:
+                with tracer.trace_attr(step=step, sample_index=sample, rollout_n=n):
+                    out = agent(sample, messages, **options)
+            except ConnectionError:
+                if not options.get("fail"):
+                    raise
+                out = {"messages": messages, "reward": None}
+            turns = sum(m["role"] == "assistant" for m in out["messages"])
             EXPECTED[(step, sample, n)] = {
                 "messages": out["messages"],
-                "reward": 1.0,  # the score op's value: the last numeric reward recorded
-                "logprobs": [-0.25 * (i + 1) for i in range(5)] * 3,
+                # the score op's value: the last numeric reward recorded
+                "reward": None if out["reward"] is None else 1.0,
+                "logprobs": [-0.25 * (i + 1) for i in range(5)] * turns,
             }
 
 

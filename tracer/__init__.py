@@ -31,7 +31,7 @@ from tracer.core import (
     reset,
     shutdown,
 )
-from tracer.ops import current_trajectory, trace_attr, trace_op
+from tracer.ops import current_trajectory, set_span_attributes, trace_attr, trace_op
 from tracer.record import SCHEMA_VERSION, SpanRecord, TrajectoryRecord
 from tracer.verl_compat import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
 
@@ -58,6 +58,7 @@ __all__ = [
     "reset",
     "rollout_trace_attr",
     "rollout_trace_op",
+    "set_span_attributes",
     "shutdown",
     "trace_attr",
     "trace_op",

@@ -125,22 +125,25 @@ def conversation(record: TrajectoryRecord) -> list[tuple[dict[str, Any], SpanRec
     """The trajectory's whole chat, each message with the span it came from (a generate span
     for the assistant's replies, a tool span for tool results, else None).
 
-    The conversation so far is the last generate span's input ``messages`` plus its reply;
-    the earlier replies are matched to the earlier generate spans in order. A trajectory whose
-    generate spans hold no messages (token ids only) becomes the decoded prompt, then each
-    reply followed by the results of the tool spans after it."""
+    The conversation so far is the last generate span's input ``messages`` plus its reply and
+    the results of the tool spans after it (a trajectory can end on a tool call: the turn
+    limit came before the next generate); the earlier replies are matched to the earlier
+    generate spans in order. A trajectory whose generate spans hold no messages (token ids
+    only) becomes the decoded prompt, then each reply followed by the results of the tool
+    spans after it."""
     parsed = parsed_tool_calls(record)
     gens = [s for s in record.spans if s.kind == "generate"]
-    tools = [s for s in record.spans if s.kind == "tool"]
     with_messages = [s for s in gens if isinstance(_inputs(s).get("messages"), list)]
     out: list[tuple[dict[str, Any], SpanRecord | None]] = []
     if with_messages:
         last = with_messages[-1]
+        at = next(i for i, s in enumerate(record.spans) if s is last)
+        before = [s for s in record.spans[:at] if s.kind == "tool"]
+        after = [s for s in record.spans[at:] if s.kind == "tool"]
         messages = [m for m in _inputs(last)["messages"] if isinstance(m, dict)]
         replies = iter(gens)
-        results = (
-            iter(tools) if sum(m.get("role") == "tool" for m in messages) == len(tools) else None
-        )
+        matched = sum(m.get("role") == "tool" for m in messages) == len(before)
+        results = iter(before) if matched else None
         for i, message in enumerate(messages):
             msg = chat_message(message, i)
             source = None
@@ -152,20 +155,89 @@ def conversation(record: TrajectoryRecord) -> list[tuple[dict[str, Any], SpanRec
         reply = reply_message(last, parsed)
         if reply is not None:
             out.append((chat_message(reply, len(messages)), last))
+        _add_results(out, after)
         return out
     first = gens[0] if gens else None
     prompt = first.attributes.get("prompt_text") if first is not None else None
     if isinstance(prompt, str):
         out.append(({"role": "user", "content": prompt}, None))
+    pending: list[SpanRecord] = []
     for span in record.spans:
         if span.kind == "generate":
+            _add_results(out, pending)
+            pending = []
             reply = reply_message(span, parsed)
             if reply is not None:
                 out.append((chat_message(reply, len(out)), span))
         elif span.kind == "tool":
-            content = span.outputs if isinstance(span.outputs, str) else dumps(span.outputs)
-            out.append(({"role": "tool", "content": content}, span))
+            pending.append(span)
+    _add_results(out, pending)
     return out
+
+
+def _add_results(out: list[tuple[dict[str, Any], SpanRecord | None]],
+                 tools: list[SpanRecord]) -> None:  # fmt: skip
+    """Append a tool message per tool span, each answering the next tool call of the last
+    assistant message (by its id) in order."""
+    if not tools:
+        return
+    calls: list[Any] = []
+    for message, _ in reversed(out):
+        if message["role"] == "assistant":
+            calls = message.get("tool_calls") or []
+            break
+    for k, span in enumerate(tools):
+        call_id = calls[k]["id"] if k < len(calls) else None
+        out.append((tool_message(span, call_id), span))
+
+
+def tool_name(span: SpanRecord) -> str:
+    """The tool a tool span ran: its ``tool_name`` attribute (the record builder sets it),
+    else a ``name`` in its inputs, else the op's name."""
+    name = span.attributes.get("tool_name")
+    if not isinstance(name, str) and isinstance(span.inputs, dict):
+        name = span.inputs.get("name") or span.inputs.get("tool_name")
+    return name if isinstance(name, str) and name else span.name
+
+
+def tool_arguments(inputs: Any) -> Any:
+    """The arguments a tool span's inputs hold: their ``arguments`` (or verl's ``parameters``),
+    else the inputs without the receiver and the tool's name."""
+    if isinstance(inputs, dict):
+        for key in ("arguments", "parameters"):  # parameters: verl's BaseTool.execute
+            if key in inputs:
+                return inputs[key]
+        return {k: v for k, v in inputs.items() if k not in ("self", "name", "tool_name")}
+    return inputs
+
+
+def tool_result(outputs: Any) -> Any:
+    """The result a tool span's outputs hold: the text of verl's ToolResponse, a ``content``
+    (``result``, ``output``) field, else the outputs themselves."""
+    if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict):
+        # verl's BaseTool.execute returns (ToolResponse, reward, metrics)
+        text = outputs[0].get("text")
+        if text is not None:
+            return text
+    if isinstance(outputs, dict):
+        for key in ("content", "result", "output"):
+            if outputs.get(key) is not None:
+                return outputs[key]
+        return {k: v for k, v in outputs.items() if k != "__type__"}
+    return outputs
+
+
+def tool_message(span: SpanRecord, call_id: str | None) -> dict[str, Any]:
+    """A tool span as the tool message that answers call ``call_id``: its result as text, or
+    the error it raised."""
+    result = tool_result(span.outputs)
+    if result is None and span.error is not None:
+        result = f"{span.error.get('type', 'Error')}: {span.error.get('message', '')}"
+    content = result if isinstance(result, str) else dumps(result)
+    message: dict[str, Any] = {"role": "tool", "content": content, "name": tool_name(span)}
+    if call_id is not None:
+        message["tool_call_id"] = call_id
+    return message
 
 
 def _inputs(span: SpanRecord) -> dict[str, Any]:

@@ -40,6 +40,29 @@ def current_trajectory() -> Trajectory | None:
     return traj
 
 
+def set_span_attributes(**attributes: Any) -> None:
+    """Add attributes to the span of the traced op running now (the innermost one), e.g. the
+    JSON schema of the tool a dispatcher runs (``tool_schema``, written by the OTLP backend as
+    OpenInference ``tool.parameters``). Values are kept as given, not copied, and rendered in
+    the background: pass values that do not change afterwards. Outside a traced op (or a
+    sampled trajectory) it does nothing.
+
+    Example::
+
+        @tracer.trace_op(kind="tool")
+        async def call_tool(self, name: str, arguments: dict) -> str:
+            tracer.set_span_attributes(tool_schema=self.tools[name].parameters)
+    """
+    traj, span_id = _current.get()
+    if traj is None:
+        return
+    for span in reversed(traj.spans):  # the innermost op is nearly always the last opened
+        if span.span_id == span_id:
+            for key, value in attributes.items():
+                span.set_attr(key, value)
+            return
+
+
 class trace_attr:
     """Open one trajectory: the root span of one trace, with its step and sample attributes.
 

@@ -16,11 +16,16 @@ generate    LLM                     llm.input_messages.N.message.role / content 
                                     (tool calls from the outputs or the parse span after it),
                                     llm.token_count.prompt / completion / total,
                                     llm.model_name
-tool        TOOL                    tool.name, tool.parameters (the call's arguments as JSON)
+tool        TOOL                    tool.name; tool.parameters, the JSON schema of the tool's
+                                    parameters, where the rollout gave it (the span's
+                                    ``tool_schema`` attribute, see
+                                    ``tracer.set_span_attributes``), else omitted; the call's
+                                    argument values are in input.value
 reward      EVALUATOR               reward (when the outputs hold a number)
 parse       CHAIN
 =========== ======================= ====================================================
 
+The OTLP stream names a tool span after its tool (:func:`tracer.backends.otel_spans.span_name`).
 Every span also carries ``input.value`` / ``output.value`` with ``input.mime_type`` /
 ``output.mime_type``: text as ``text/plain``, anything else as ``application/json``. The session
 id groups a step's rollouts of one sample (a GRPO group): Phoenix's Sessions view then shows the
@@ -85,10 +90,9 @@ def openinference_attributes(
         name = attrs.get("tool_name")
         if isinstance(name, str):
             out["tool.name"] = name
-        inputs = span.inputs if isinstance(span.inputs, dict) else {}
-        arguments = inputs.get("arguments", span.inputs)
-        if arguments is not None:
-            out["tool.parameters"] = arguments
+        schema = attrs.get("tool_schema")
+        if isinstance(schema, (dict, str)):
+            out["tool.parameters"] = schema
     elif span.kind in ("reward", "interaction"):
         score = _score(span.outputs)
         if score is not None:

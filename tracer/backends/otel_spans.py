@@ -28,6 +28,11 @@ message is normalized to the shape the UI accepts. The root span's outputs gain 
 ``choices`` entry with the final reply (its tail when long): MLflow shows it as the trace's
 response in the traces list and as the root span's assistant output.
 
+A tool span's name follows the conventions asked for: with ``"openinference"`` it is the tool's
+name (``tool_name``: ``calculator``, as Phoenix's tree shows tools), with ``"genai"`` alone
+``execute_tool calculator`` (the GenAI span name), with neither (the MLflow backend) the op's
+own name (``call_tool``, as recorded; MLflow's ``span.name`` and verl's names stay as they are).
+
 Attribute values are built as plain Python values and then encoded by ``encode``: the MLflow
 backend JSON-encodes every value (MLflow's in-process span format); the OTLP backend keeps
 strings, numbers and booleans as they are and JSON-encodes the rest.
@@ -280,6 +285,19 @@ def _output_messages(span: SpanRecord, finish: str | None) -> list[dict[str, Any
     ]
 
 
+def span_name(span: SpanRecord, conventions: Collection[str] = ()) -> str:
+    """The span's name under ``conventions``: a tool span is named after its tool (see the
+    module's docstring); every other span keeps the op's name."""
+    tool = span.attributes.get("tool_name") if span.kind == "tool" else None
+    if not isinstance(tool, str) or not tool:
+        return span.name
+    if "openinference" in conventions:
+        return tool
+    if "genai" in conventions:
+        return f"execute_tool {tool}"
+    return span.name
+
+
 def to_readable_spans(
     record: TrajectoryRecord,
     *,
@@ -342,7 +360,7 @@ def to_readable_spans(
         )
         out.append(
             ReadableSpan(
-                name=span.name,
+                name=span_name(span, conventions),
                 context=ctx,
                 parent=parent,
                 resource=resource,

@@ -8,7 +8,11 @@ Each trajectory is a sample:
   GRPO group as the epochs of one sample (a clash, e.g. two workers' sample 0, falls back to
   ``"<sample_index>-<trace id>"``);
 - ``messages`` the whole chat (:func:`tracer.chat.conversation`): system/user messages,
-  assistant replies with their tool calls, tool results (a failed tool span's error too);
+  assistant replies with their tool calls, every tool result, those after the last reply too
+  (a failed tool's error as the message's ``error``);
+- ``events`` what Inspect's Transcript tab shows (:mod:`tracer.readers.inspect_events`): a
+  model event per generate call, a tool event per tool call, the reward's score event;
+- ``error`` the exception a trajectory that raised ended with (type, message, traceback);
 - ``scores["reward"]`` the reward; ``metadata`` the trajectory's tags (step, sample_index,
   rollout_n, validate, experiment, worker, policy version, user attributes), its trace id, its
   health ``flags``, and ``logprobs``: the engine's per-token log-probs of all its replies in
@@ -24,7 +28,6 @@ been read (a step of a few thousand trajectories is tens of MB).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -32,11 +35,10 @@ from typing import Any
 
 from tracer.chat import conversation
 from tracer.readers.health import analyze
+from tracer.readers.inspect_events import STOP, arguments, sample_events, tool_error
 from tracer.readers.rows import records_rows
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats
-
-_STOP: dict[str, Any] = {"stop": "stop", "length": "max_tokens", "tool_calls": "tool_calls"}
 
 
 @dataclass
@@ -100,13 +102,14 @@ def to_sample(record: TrajectoryRecord) -> Any:
     from inspect_ai.model import ModelOutput
     from inspect_ai.scorer import Score
 
-    messages = [_message(m, span) for m, span in conversation(record)]
+    chat = conversation(record)
+    messages = [_message(m, span) for m, span in chat]
     first_reply = next((i for i, m in enumerate(messages) if m.role == "assistant"), None)
     input_messages = messages[:first_reply] if first_reply else messages[:1]
     replies = [m for m in messages if m.role == "assistant"]
     finish = _last_finish(record)
     output = (
-        ModelOutput.from_message(replies[-1], stop_reason=_STOP.get(finish, "unknown"))
+        ModelOutput.from_message(replies[-1], stop_reason=STOP.get(finish, "unknown"))
         if replies
         else ModelOutput()
     )
@@ -124,6 +127,7 @@ def to_sample(record: TrajectoryRecord) -> Any:
     if logprobs:
         metadata["logprobs"] = logprobs
     rollout_n = record.rollout_n
+    error = _error(record)
     return EvalSample(
         id=record.sample_index if isinstance(record.sample_index, (int, str)) else record.trace_id,
         epoch=rollout_n + 1 if isinstance(rollout_n, int) and rollout_n >= 0 else 1,
@@ -136,8 +140,31 @@ def to_sample(record: TrajectoryRecord) -> Any:
         started_at=_iso(record.start_ns),
         completed_at=_iso(record.end_ns),
         total_time=(record.end_ns - record.start_ns) / 1e9,
-        error=None,
+        error=error,
+        events=sample_events(record, chat, messages, model_name(record), error),
     )
+
+
+def _error(record: TrajectoryRecord) -> Any:
+    """The ``EvalError`` of a trajectory that raised (its root span's error), else None."""
+    from inspect_ai.log import EvalError
+
+    failed = record.spans[0].error if record.spans and record.status == "ERROR" else None
+    if failed is None:
+        return None
+    trace = str(failed.get("traceback") or "")
+    message = f"{failed.get('type', 'Error')}: {failed.get('message', '')}"
+    return EvalError(message=message, traceback=trace, traceback_ansi=trace)
+
+
+def model_name(record: TrajectoryRecord) -> str:
+    """The model of the first generate call that names one, else ``rollout/<experiment>``."""
+    for span in record.spans:
+        if span.kind == "generate" and isinstance(span.inputs, dict):
+            model = span.inputs.get("model")
+            if isinstance(model, str):
+                return model
+    return f"rollout/{record.experiment_name}"
 
 
 def _message(message: dict[str, Any], span: SpanRecord | None) -> Any:
@@ -147,7 +174,7 @@ def _message(message: dict[str, Any], span: SpanRecord | None) -> Any:
         ChatMessageTool,
         ChatMessageUser,
     )
-    from inspect_ai.tool import ToolCall, ToolCallError
+    from inspect_ai.tool import ToolCall
 
     role, content = message["role"], message.get("content") or ""
     if role == "system":
@@ -156,7 +183,7 @@ def _message(message: dict[str, Any], span: SpanRecord | None) -> Any:
         calls = [
             ToolCall(
                 id=c["id"], function=c["function"]["name"],
-                arguments=_arguments(c["function"]["arguments"]),
+                arguments=arguments(c["function"]["arguments"]),
             )
             for c in message.get("tool_calls", [])
         ]  # fmt: skip
@@ -166,22 +193,12 @@ def _message(message: dict[str, Any], span: SpanRecord | None) -> Any:
             metadata={"logprobs": logprobs} if logprobs else None,
         )  # fmt: skip
     if role == "tool":
-        error = None
-        if span is not None and span.error is not None:
-            error = ToolCallError("unknown", str(span.error.get("message", "")))
+        error = tool_error(span) if span is not None and span.kind == "tool" else None
         return ChatMessageTool(
             content=content, tool_call_id=message.get("tool_call_id"),
             function=message.get("name"), error=error,
         )  # fmt: skip
     return ChatMessageUser(content=content)
-
-
-def _arguments(arguments: Any) -> dict[str, Any]:
-    try:
-        value = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        return {"raw": arguments}
-    return value if isinstance(value, dict) else {"value": value}
 
 
 def _last_finish(record: TrajectoryRecord) -> str:
@@ -204,17 +221,10 @@ def _log(records: list[TrajectoryRecord], samples: list[Any]) -> Any:
         EvalResults,
         EvalScore,
         EvalSpec,
+        EvalStats,
     )
 
     first = records[0]
-    models = [
-        s.inputs["model"]
-        for r in records[:1]
-        for s in r.spans
-        if s.kind == "generate"
-        and isinstance(s.inputs, dict)
-        and isinstance(s.inputs.get("model"), str)
-    ]
     rewards = [float(r.reward) for r in records if r.reward is not None]
     epochs = max((s.epoch for s in samples), default=1)
     scores = []
@@ -228,7 +238,7 @@ def _log(records: list[TrajectoryRecord], samples: list[Any]) -> Any:
         created=_iso(min(r.start_ns for r in records)),
         task=f"{first.experiment_name}/{log_name(first.step, bool(first.validate))[:-5]}",
         dataset=EvalDataset(name=first.experiment_name, samples=len({s.id for s in samples})),
-        model=models[0] if models else f"rollout/{first.experiment_name}",
+        model=model_name(first),
         config=EvalConfig(epochs=epochs),
         metadata={
             "step": first.step,
@@ -236,5 +246,9 @@ def _log(records: list[TrajectoryRecord], samples: list[Any]) -> Any:
             "source": "rollout-tracer",
         },
     )
-    results = EvalResults(total_samples=len(samples), completed_samples=len(samples), scores=scores)
-    return EvalLog(eval=spec, status="success", results=results, samples=samples)
+    completed = sum(s.error is None for s in samples)
+    results = EvalResults(total_samples=len(samples), completed_samples=completed, scores=scores)
+    # the run's span, so inspect view shows a duration
+    stats = EvalStats(started_at=_iso(min(r.start_ns for r in records)),
+                      completed_at=_iso(max(r.end_ns for r in records)))  # fmt: skip
+    return EvalLog(eval=spec, status="success", results=results, stats=stats, samples=samples)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracer.annotations import token_values
+from tracer.chat import tool_arguments as _tool_arguments
+from tracer.chat import tool_result as _tool_result
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
@@ -140,29 +142,6 @@ def turn_row(record: TrajectoryRecord, index: int, span: SpanRecord) -> Row:
         "status": span.status,
         "error": _error_message(span),
     }
-
-
-def _tool_arguments(inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        for key in ("arguments", "parameters"):  # parameters: verl's BaseTool.execute
-            if key in inputs:
-                return inputs[key]
-        return {k: v for k, v in inputs.items() if k not in ("self", "name", "tool_name")}
-    return inputs
-
-
-def _tool_result(outputs: Any) -> Any:
-    if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict):
-        # verl's BaseTool.execute returns (ToolResponse, reward, metrics)
-        text = _field(outputs[0], "text")
-        if text is not None:
-            return text
-    if isinstance(outputs, dict):
-        result = _field(outputs, "content", "result", "output")
-        if result is None:
-            result = {k: v for k, v in outputs.items() if k != "__type__"}
-        return result
-    return outputs
 
 
 def tool_row(record: TrajectoryRecord, index: int, turn_index: int, span: SpanRecord) -> Row:
