@@ -10,7 +10,6 @@ import ast
 import dataclasses
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,7 +104,8 @@ SNIPPETS: dict[tuple[str, str], tuple[Callable[[], None] | None, Callable[..., N
 
 def python_blocks() -> list[tuple[str, str, str]]:
     return [(page_name(p), heading, code) for p in pages()
-            for lang, heading, code in fenced_blocks(p.read_text()) if lang == "python"]  # fmt: skip
+            for lang, heading, code in fenced_blocks(p.read_text())
+            if lang == "python"]  # fmt: skip
 
 
 @pytest.mark.parametrize(("page", "heading", "code"), python_blocks(),
@@ -257,7 +257,7 @@ def test_the_config_table_defaults_are_the_codes() -> None:
         parts = [p.strip() for p in cell.split(" / ")]
         if len(parts) != len(names):
             continue
-        for name, part in zip(names, parts):
+        for name, part in zip(names, parts, strict=True):
             literal = re.fullmatch(r"`([^`]+)`", part)
             if literal is None or name not in defaults:
                 continue
