@@ -45,7 +45,7 @@ def _records(path: str) -> list[Any]:
     return list(read_jsonl(path))
 
 
-def check_fifteen_lines(ns: dict[str, Any], printed: str) -> None:
+def check_sixteen_lines(ns: dict[str, Any], printed: str) -> None:
     records = _records("traces/my-run.jsonl")
     assert sorted(r.rollout_n for r in records) == [0, 1, 2, 3]  # one GRPO group of 4
     for r in records:
@@ -96,7 +96,7 @@ def check_read_tables(ns: dict[str, Any], printed: str) -> None:
 # (page, heading above the block) -> (set-up or None, what it must have done).
 # A new block needs its entry here.
 SNIPPETS: dict[tuple[str, str], tuple[Callable[[], None] | None, Callable[..., None]]] = {
-    ("README.md", "Your own rollout, in 15 lines"): (None, check_fifteen_lines),
+    ("README.md", "Your own rollout, in 16 lines"): (None, check_sixteen_lines),
     ("docs/tracing.md", "An agent loop, traced"): (None, check_agent_loop),
     ("docs/export-schema.md", "Export schema (version 1)"): (store_gsm8k_step_3, check_read_tables),
 }
