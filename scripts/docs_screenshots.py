@@ -22,6 +22,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 QUERY = """SELECT step, sample_index AS sample, rollout_n AS n, reward, num_turns AS turns,
        num_tool_calls AS tools, finish_reason AS finish, response_tokens AS tokens,
@@ -48,7 +49,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 120.
     raise SystemExit(f"the explorer did not answer at {url} within {deadline_s:.0f} s")
 
 
-def _export_picture(page: object, exports: Path, out: Path) -> None:
+def _export_picture(page: Any, exports: Path, out: Path) -> None:
     import duckdb
 
     con = duckdb.connect()

@@ -61,7 +61,7 @@ def shell_commands(code: str) -> list[list[str]]:
 
 def inline_commands(text: str, program: str) -> list[list[str]]:
     """`program ...` written as inline code in the prose."""
-    found = []
+    found: list[list[str]] = []
     for span in re.findall(r"`([^`\n]+)`", prose(text)):
         if span.startswith(program + " "):
             found.extend(c for c in shell_commands(span) if c and c[0] == program)

@@ -44,7 +44,8 @@ def first_screen_commands() -> list[list[list[str]]]:
             for line in code.splitlines():
                 words = shlex.split(line, comments=True)
                 if words:
-                    steps, current = [], []
+                    steps: list[list[str]] = []
+                    current: list[str] = []
                     for word in [*words, "&&"]:
                         if word == "&&":
                             steps.append(current)
