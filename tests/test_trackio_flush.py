@@ -1,16 +1,20 @@
-"""A trackio export counts only once trackio has stored it: against a real trackio server made
-slow (SIGSTOP), and a local store whose writes trackio drops; read back with trackio's own
-storage API."""
+"""The trackio backend through trackio's public API only (``init``, ``log``, ``finish``,
+``Trace``, ``context_vars``): against a real trackio server made slow (SIGSTOP) or killed and
+restarted, read back with trackio's own storage API; and against a stand-in module that has
+nothing but those public names, so any other access fails.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,13 +109,15 @@ def _spooled(spool: Path) -> int:
 
 
 @pytest.mark.parametrize("outage", ["stopped", "restarted"])
-def test_a_slow_trackio_server_keeps_batches_pending_until_it_has_them(
+def test_a_slow_trackio_server_gets_each_trace_once_from_trackios_own_sender(
     outage: str, trackio_dir: Path, trackio_server: TrackioServer, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """``stopped``: the server stops answering (SIGSTOP), requests hang in trackio's sender.
     ``restarted``: the server dies (requests fail, trackio keeps them in its local buffer) and
-    comes back on the same port; trackio sends its buffer then."""
+    comes back on the same port. trackio has no public flush: a batch is exported once
+    trackio.log took it, so flush does not wait for the server; trackio's own sender and
+    finish() (at the tracer's shutdown) deliver it, each trace once."""
     server = trackio_server
     monkeypatch.setenv("TRACKIO_SERVER_URL", server.url)
     spool = tmp_path / "spool"
@@ -119,54 +125,148 @@ def test_a_slow_trackio_server_keeps_batches_pending_until_it_has_them(
                 spool_dir=str(spool), export_timeout_s=1, export_max_retries=0,
                 flush_interval_s=0.05, replay_interval_s=0.2)  # fmt: skip
     _trajectory(0)
-    assert tracer.flush(60)  # the server answers: stored
-    assert len(_stored_traces(server.folder, monkeypatch)) == 1
+    assert tracer.flush(60)
     server.signal(signal.SIGSTOP if outage == "stopped" else signal.SIGKILL)
     try:
         for i in range(1, 4):
             _trajectory(i)
-        assert tracer.flush(3) is False  # in trackio's send queue or buffer is not stored
-        assert _spooled(spool) == 3  # pending: the batch file is kept
-        assert tracer.metrics()["tracer/trackio/exported"] == 1
+        t0 = time.monotonic()
+        assert tracer.flush(30)  # handed to trackio: not held up by its server
+        assert time.monotonic() - t0 < 5
+        assert _spooled(spool) == 0
+        assert tracer.metrics()["tracer/trackio/exported"] == 4
     finally:
         if outage == "stopped":
             server.signal(signal.SIGCONT)
         else:
             server.start()
-    assert tracer.flush(90)
-    assert _spooled(spool) == 0
-    assert tracer.metrics()["tracer/trackio/exported"] == 4
-    stored = _stored_traces(server.folder, monkeypatch)
+    tracer.shutdown(60)  # trackio.finish(): trackio sends what it holds
+    if outage == "restarted":
+        # what finish() could not send, trackio saved locally; its warning says the next
+        # trackio.init of the project sends it (the user's next run): do that
+        import trackio
+
+        trackio.init(project=PROJECT, name="next-run", server_url=server.url)
+        trackio.finish()
+    deadline = time.monotonic() + 60
+    while len(stored := _stored_traces(server.folder, monkeypatch)) < 4:
+        assert time.monotonic() < deadline, stored
+        time.sleep(0.1)
     assert sorted(t["metadata"]["step"] for t in stored) == [0, 1, 2, 3]  # each once
 
 
-@pytest.mark.slow
-def test_rows_trackio_drops_locally_are_logged_again(
-    trackio_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another process holds trackio's project lock past trackio's 10 s wait: trackio drops
-    the write with a warning. The batch stays pending and is stored once the lock is free."""
-    spool = tmp_path / "spool"
+class PublicTrackio:
+    """trackio's public surface and nothing more: a module with ``init``, ``log``, ``finish``,
+    ``Trace`` and ``context_vars.current_run`` (a real ContextVar, as in trackio), whose runs
+    have only ``project``, ``name`` and ``id``. A stand-in, not trackio: the point is which
+    names the backend touches; any other attribute raises AttributeError. It records calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.current: contextvars.ContextVar[Any] = contextvars.ContextVar("run", default=None)
+        module = types.ModuleType("trackio")
+        module.init = self.init  # type: ignore[attr-defined]
+        module.log = self.log  # type: ignore[attr-defined]
+        module.finish = self.finish  # type: ignore[attr-defined]
+        module.Trace = lambda messages, metadata=None: {"messages": messages,  # type: ignore[attr-defined]
+                                                         "metadata": metadata}  # fmt: skip
+        module.context_vars = types.SimpleNamespace(current_run=self.current)  # type: ignore[attr-defined]
+        self.module = module
+
+    def init(self, project: str, name: str | None = None, config: Any = None,
+             resume: str = "never") -> Any:  # fmt: skip
+        previous = self.current.get()
+        if previous is not None:  # as trackio.init does
+            self.calls.append(("finish", previous.name))
+        run = types.SimpleNamespace(project=project, name=name, id=f"id-{name}")
+        self.current.set(run)
+        self.calls.append(("init", project, name, config, resume))
+        return run
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        run = self.current.get()
+        if run is None:
+            raise RuntimeError("Call trackio.init() before trackio.log().")  # as trackio
+        for key, trace in metrics.items():
+            self.calls.append(("log", run.name, key, trace["metadata"]["trace_id"], step))
+
+    def finish(self) -> None:
+        run = self.current.get()
+        if run is None:
+            raise RuntimeError("Call trackio.init() before trackio.finish().")
+        self.calls.append(("finish", run.name))
+        self.current.set(None)
+
+
+@pytest.fixture
+def public_trackio(monkeypatch: pytest.MonkeyPatch) -> PublicTrackio:
+    stand_in = PublicTrackio()
+    monkeypatch.setitem(sys.modules, "trackio", stand_in.module)
+    return stand_in
+
+
+def test_only_trackios_public_api_is_used(public_trackio: PublicTrackio, tmp_path: Path) -> None:
     tracer.init(backend="trackio", project_name=PROJECT, experiment_name=RUN,
-                spool_dir=str(spool), export_timeout_s=1, export_max_retries=0,
-                flush_interval_s=0.05, replay_interval_s=0.2)  # fmt: skip
+                spool_dir=str(tmp_path / "spool"), flush_interval_s=0.05)  # fmt: skip
     _trajectory(0)
+    _trajectory(1)
     assert tracer.flush(30)
-    lock_path = trackio_dir / f"{PROJECT}.lock"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time\n"
-         "f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
-         "time.sleep(11)", str(lock_path)],
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
-        _trajectory(1)
-        assert tracer.flush(3) is False
-        assert _spooled(spool) == 1
-    finally:
-        holder.wait(30)  # the lock is free again
-    assert tracer.flush(60)
-    assert _spooled(spool) == 0
-    stored = _stored_traces(trackio_dir, monkeypatch)
-    assert sorted(t["metadata"]["step"] for t in stored) == [0, 1]
+    assert public_trackio.current.get() is None  # the caller's context has no run of ours
+    tracer.shutdown(30)
+    ids = [c[3] for c in public_trackio.calls if c[0] == "log"]
+    assert public_trackio.calls == [
+        ("init", PROJECT, RUN, {"framework": "verl"}, "never"),
+        ("log", RUN, "rollout_trace/tool", ids[0], 0),
+        ("log", RUN, "rollout_trace/tool", ids[1], 1),
+        ("finish", RUN),
+    ]
+
+
+def test_a_batch_sent_again_is_logged_once(public_trackio: PublicTrackio) -> None:
+    """trackio has no upsert: a replayed batch (after a failure, or an export retried) must
+    not log a trajectory this process has handed over already. Exported on the caller's
+    thread, whose current run (the trainer's, another project) stays current and running."""
+    from tracer.backends.trackio_backend import TrackioExporter
+    from tracer.config import TraceConfig
+    from tracer.testing import InMemoryExporter
+
+    tracer.init(backend="memory")
+    for i in range(3):
+        _trajectory(i)
+    assert tracer.flush(30)
+    records = InMemoryExporter.latest().records
+    tracer.reset()
+    train = public_trackio.init(project="metrics", name="train")
+    exporter = TrackioExporter(TraceConfig(project_name=PROJECT, experiment_name=RUN))
+    exporter.export(records[:2])
+    exporter.export(records, replay=True)
+    logged = [c[3] for c in public_trackio.calls if c[0] == "log"]
+    assert logged == [r.trace_id for r in records]
+    exporter.shutdown()
+    assert public_trackio.current.get() is train
+    assert ("finish", "train") not in public_trackio.calls
+
+
+def test_two_exporters_of_a_process_share_one_run_finished_by_the_last(
+    public_trackio: PublicTrackio,
+) -> None:
+    """The traces' exporter and the annotator's log into one run (trackio finds a run by name
+    only once its sender has stored it): started once, finished once, by the last to stop."""
+    from tracer.backends.trackio_backend import TrackioExporter
+    from tracer.config import TraceConfig
+    from tracer.testing import InMemoryExporter
+
+    tracer.init(backend="memory")
+    for i in range(2):
+        _trajectory(i)
+    assert tracer.flush(30)
+    records = InMemoryExporter.latest().records
+    tracer.reset()
+    config = TraceConfig(project_name=PROJECT, experiment_name=RUN)
+    traces, annotations = TrackioExporter(config), TrackioExporter(config)
+    traces.export(records[:1])
+    annotations.export(records[1:])
+    annotations.shutdown()  # the annotator stops first (tracer.shutdown's order)
+    assert [c[0] for c in public_trackio.calls] == ["init", "log", "log"]
+    traces.shutdown()
+    assert [c[0] for c in public_trackio.calls] == ["init", "log", "log", "finish"]

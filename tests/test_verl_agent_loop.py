@@ -441,6 +441,7 @@ def test_verl_agent_loop_on_trackio(smollm2_tokenizer: Any, trackio_dir: Any) ->
     worker = AgentLoopWorker(trace_config("trackio", None), tok)
     asyncio.run(worker.generate_sequences(make_batch([0], 2, step=3, validate=False)))
     assert tracer.flush(60)
+    assert tracer.shutdown(60)  # trackio.finish(): trackio writes what it still holds
 
     traces = SQLiteStorage.get_traces(PROJECT, run=EXPERIMENT, sort="request_time_asc")
     assert Counter(t["key"] for t in traces) == {

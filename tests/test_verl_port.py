@@ -91,7 +91,8 @@ def op_calls(server: Any, op: str) -> list[dict[str, Any]]:
 
 
 def trackio_traces(project: str, run: str = "my-experiment") -> list[dict[str, Any]]:
-    """What trackio stored, read with trackio's own storage API."""
+    """What trackio stored, read with trackio's own storage API. trackio writes in the
+    background: read after ``trackio.finish()`` (the tracer's shutdown calls it)."""
     from trackio.sqlite_storage import SQLiteStorage
 
     return SQLiteStorage.get_traces(project, run=run, sort="request_time_asc")
@@ -194,6 +195,7 @@ async def test_rollout_trace_with_trackio_backend(trackio_dir: Path) -> None:
     with rollout_trace_attr(step=1, sample_index=2, rollout_n=3):
         result = await instance.my_method("test_a", b="test_b")
     assert tracer.flush(30)
+    RolloutTraceConfig.reset()  # trackio.finish(): trackio writes what it still holds
 
     assert result == "result: test_a, test_b"
     [run] = list(Api().runs("my-project"))
@@ -224,6 +226,7 @@ async def test_trackio_backend_uses_chat_messages_when_available(trackio_dir: Pa
             sampling_params={"temperature": 0.0, "max_tokens": 16},
         )
     assert tracer.flush(30)
+    RolloutTraceConfig.reset()
 
     [trace] = trackio_traces("my-project")
     assert trace["messages"] == [*input_messages, {"role": "assistant", "content": "4"}]
@@ -409,8 +412,10 @@ async def test_trackio_backend_leaves_the_callers_run_of_another_project_alone(
     assert tracer.flush(30)
     trackio.log({"loss": 0.5}, step=2)
     trackio.finish()
+    RolloutTraceConfig.reset()
 
     assert [t["key"] for t in trackio_traces("my-project")] == [
         "rollout_trace/TracedClass.my_method"
     ]
     assert [row["loss"] for row in SQLiteStorage.get_logs("metrics", "train")] == [0.5]
+

@@ -9,6 +9,7 @@ Schema version 2 (2 added ``attempt``); changes to these fields bump :data:`SCHE
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -189,14 +190,23 @@ def write_lines(fd: int, lines: Sequence[bytes], prefix: bytes = b"") -> int:
     return total
 
 
-def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[TrajectoryRecord]:
+def read_jsonl(
+    path: str | os.PathLike[str],
+    *,
+    strict: bool = False,
+    skipped: collections.Counter[str] | None = None,
+) -> Iterator[TrajectoryRecord]:
     """Yield every trajectory of a JSON-lines file (the ``jsonl`` backend's files and the spool's
-    batch files), in file order, streaming.
+    batch files), in file order, streaming, each once.
 
     A partial last line (a writer interrupted mid-line) is skipped with a warning, and so is a
     fragment a crashed writer left before later appends (``strict=True`` raises
-    ``ValueError`` naming the line instead). A line from a newer schema version than this
-    tracer knows always raises rather than being misread.
+    ``ValueError`` naming the line instead). A line that repeats a trajectory already read
+    (same ``trace_id`` and ``start_ns``: an append that was retried after a failure) is
+    skipped, with one warning per file that gives the count. ``skipped`` (a Counter), when
+    given, counts what was skipped by reason: ``partial_last_line``, ``not_a_record``,
+    ``duplicate``. A line from a newer schema version than this tracer knows always raises
+    rather than being misread.
 
     Example::
 
@@ -204,10 +214,15 @@ def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterato
             print(record.step, record.sample_index, record.reward)
     """
     log = logging.getLogger("tracer")
+    counts = skipped if skipped is not None else collections.Counter()
+    # one entry per trajectory: what a reader keeps per row anyway, far less than the row
+    seen: set[tuple[str, int | str]] = set()
+    duplicates = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.endswith(b"\n"):  # the text after the last newline
                 if raw.strip():
+                    counts["partial_last_line"] += 1
                     log.warning("rollout-tracer: %s ends with a partial line; skipped", path)
                 break
             if not raw.strip():
@@ -221,6 +236,7 @@ def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterato
                     raise ValueError(
                         f"{path}:{lineno}: not a JSON trajectory record: {exc}"
                     ) from exc
+                counts["not_a_record"] += 1
                 log.warning(
                     "rollout-tracer: %s:%d is not a whole record (%s); skipped", path, lineno, exc
                 )
@@ -233,4 +249,14 @@ def read_jsonl(path: str | os.PathLike[str], *, strict: bool = False) -> Iterato
                     f"{path}:{lineno}: schema_version {version!r} is newer than this tracer's "
                     f"({SCHEMA_VERSION}); upgrade rollout-tracer to read it"
                 )
+            start = data.get("start_ns")
+            key = (str(data.get("trace_id")), start if isinstance(start, int) else repr(start))
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
             yield TrajectoryRecord.from_dict(data)
+    if duplicates:
+        counts["duplicate"] += duplicates
+        log.warning("rollout-tracer: %s repeats %d trajectories (an append retried after a "
+                    "failed write); each is read once", path, duplicates)  # fmt: skip

@@ -1,12 +1,15 @@
 """JSONL backend: one JSON object per trajectory, appended to a local file.
 
 File: ``config.jsonl_path``, default ``./traces/<project_name>/<experiment_name>.jsonl``. UTF-8,
-one trajectory per line, appended (several runs may share a file). Lines are written whole and
-fsynced per batch, so a crash leaves at most a partial last line, which :func:`read_jsonl`
-skips. Within a process a trajectory is written once (a batch sent again is not duplicated);
-every trajectory counted as exported is a line of the file: a different trajectory that
-carries an id already written (the same explicit ``attempt`` given twice) is written too, and
-readers see both. Readers that merge files from several processes dedupe on ``trace_id``.
+one trajectory per line, appended (several processes and runs may share a file). A batch is
+appended whole or not at all: under an exclusive ``flock`` that every writer of the file takes,
+a write or fsync that fails (a full disk) cuts the file back to its size before the append, so
+the retry never writes a line twice. Only a crash mid-append (or a cut that fails too) leaves a
+partial line, which :func:`read_jsonl` skips; readers also keep only the first line of each
+trajectory (``trace_id`` and ``start_ns``), whatever is on disk. Within a process a trajectory
+is written once (a batch sent again is not duplicated); every trajectory counted as exported
+is a line of the file: a different trajectory that carries an id already written (the same
+explicit ``attempt`` given twice, another ``start_ns``) is written too, and readers see both.
 
 Schema (version 2; the field ``schema_version`` is on every line and bumps on any change)::
 
@@ -46,6 +49,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,9 +59,19 @@ from tracer.config import TraceConfig
 from tracer.encode import encode_record
 from tracer.record import TrajectoryRecord, read_jsonl, write_lines
 
-__all__ = ["JsonlExporter", "default_jsonl_path", "read_jsonl"]
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; appends of several processes may interleave
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["JsonlExporter", "PartialAppend", "append_whole", "default_jsonl_path", "read_jsonl"]
 
 log = logging.getLogger("tracer")
+
+# How long an append waits for another writer of the file to finish its own. A normal append
+# holds the lock for one write and fsync; a writer stopped while holding it must not stall the
+# thread that hands batches over: past this the append fails and the batch waits in the spool.
+LOCK_WAIT_S = 5.0
 
 
 def default_jsonl_path(config: TraceConfig) -> str:
@@ -100,11 +114,12 @@ class JsonlExporter(Exporter):
                 ids[key] = record.start_ns
                 new.append(line)
             if new:
-                with open(self.path, "a+b") as f:
-                    # a writer that crashed mid-line left a fragment: start on a fresh line
-                    prefix = b"\n" if f.tell() > 0 and _last_byte(f) != b"\n" else b""
-                    write_lines(f.fileno(), new, prefix)  # O_APPEND: at the end, unbuffered
-                    os.fsync(f.fileno())
+                try:
+                    append_whole(self.path, new)
+                except PartialAppend as exc:  # the first lines stay: the retry skips them
+                    for key, start_ns in list(ids.items())[: exc.whole]:
+                        self._written.add(key, start_ns)
+                    raise
                 for key, start_ns in ids.items():
                     self._written.add(key, start_ns)
         return ExportResult.SUCCESS
@@ -115,11 +130,8 @@ class JsonlExporter(Exporter):
             for a in batch
         ]
         if lines:
-            with self._lock, open(self.path, "a+b") as f:
-                prefix = b"\n" if f.tell() > 0 and _last_byte(f) != b"\n" else b""
-                f.write(prefix + ("\n".join(lines) + "\n").encode("utf-8"))
-                f.flush()
-                os.fsync(f.fileno())
+            with self._lock:
+                append_whole(self.path, [line.encode("utf-8") for line in lines])
         return [True] * len(lines)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
@@ -127,6 +139,68 @@ class JsonlExporter(Exporter):
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         return None
+
+
+class PartialAppend(OSError):
+    """An append failed and the file could not be cut back: its first ``whole`` lines are in
+    the file (whole), the rest are not."""
+
+    def __init__(self, whole: int, cause: OSError) -> None:
+        super().__init__(cause.errno, f"{cause.strerror or cause}; the file could not be cut "
+                         f"back, {whole} lines stay in it")  # fmt: skip
+        self.whole = whole
+
+
+def append_whole(path: str, lines: Sequence[bytes]) -> None:
+    """Append ``lines`` (each without its newline) to ``path``, all of them or none: under an
+    exclusive lock that every writer of the file takes, so the size before the append is this
+    append's own, a failed write or fsync cuts the file back to that size and re-raises. When
+    the cut fails too, raises :class:`PartialAppend` saying how many lines stayed whole."""
+    with open(path, "a+b") as f:
+        fd = f.fileno()
+        _lock(fd)  # released when the file is closed
+        start = os.fstat(fd).st_size
+        # a writer that crashed mid-line left a fragment: start on a fresh line
+        prefix = b"\n" if start > 0 and _last_byte(f) != b"\n" else b""
+        try:
+            write_lines(fd, lines, prefix)  # O_APPEND: at the end, unbuffered
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                raise PartialAppend(_whole_lines(fd, start, prefix, lines), exc) from exc
+            raise
+
+
+def _lock(fd: int) -> None:
+    if fcntl is None:
+        return
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _whole_lines(fd: int, start: int, prefix: bytes, lines: Sequence[bytes]) -> int:
+    """How many of ``lines`` a failed append left whole in the file (0 when unknown: the
+    retry then writes them all again, and readers keep the first of each)."""
+    try:
+        written = os.fstat(fd).st_size - start
+    except OSError:
+        return 0
+    end, whole = len(prefix), 0
+    for line in lines:
+        end += len(line) + 1
+        if end > written:
+            break
+        whole += 1
+    return whole
 
 
 def _last_byte(f: Any) -> bytes:

@@ -15,25 +15,23 @@ metadata holds ``op``, ``backend``, ``experiment_name``, ``inputs`` (without ``m
 
 The run: the caller's current run when it is in ``project_name`` (``trackio.init`` called by
 the user, as verl checks), else a run of its own, ``trackio.init(project=project_name,
-name=experiment_name, config={"framework": "verl"})`` started in a copy of the caller's
-context (a current run of another project is left running and current), finished at
-shutdown. Within a process a trajectory is logged once (a retried batch is not logged twice);
-trackio has no upsert, so a batch replayed by another process after a crash can appear twice.
+name=experiment_name, config={"framework": "verl"})`` (verl's call) started in a copy of the
+caller's context (a current run of another project is left running and current), shared by
+this process's exporters of that project and experiment (traces and annotations), finished
+with ``trackio.finish()`` when the last of them shuts down. Rows are logged with
+``trackio.log(..., step=)`` run in that context. Within a process a trajectory is logged once
+(a retried batch is not logged twice); trackio has no upsert, so a batch replayed by another
+process after a crash can appear twice.
 
-``export`` returns SUCCESS only once trackio has stored the batch; otherwise FAILURE, so the
-batch stays in the spool and is retried (a retry does not log again what trackio still holds).
-trackio 0.43 has no public flush, so this reads what its own sender does (private members,
-checked at start; trackio is pinned, 0.43.0):
-
-- local store: ``Run._flush_queues_inline`` under ``Run._client_lock`` (what its sender thread
-  and ``finish()`` call) writes the queue to its sqlite file. trackio swallows a failed write
-  (one warning, the rows are dropped: a project lock held by another process for 10 s, a full
-  disk), so the run's row count (``SQLiteStorage.get_log_count``) must then hold every row this
-  exporter logged; rows it lacks are logged again at the retry. (In a run shared with the
-  caller, the caller's own rows count too.)
-- a Space or server: its sender thread posts the queue in the background and keeps what the
-  server refused in a local buffer that it sends later. Stored means its queue, its batch in
-  flight and that buffer are all empty; ``force_flush`` waits for that, at most its timeout.
+Only trackio's public API is used: ``init``, ``log``, ``finish``, ``Trace`` and
+``context_vars.current_run`` (what verl reads too). trackio 0.43 has no public flush and no
+public way to read back what it stored, so a batch counts as exported once ``trackio.log`` has
+taken it: from there on it is trackio's. trackio writes its queue in the background (to its
+local store about every 0.5 s), and ``finish()`` at shutdown waits for that queue; to a Space
+or server, what ``finish()`` could not send trackio keeps in a local store of its own and
+sends at the next ``trackio.init`` of the project (its warning says so). A write trackio
+drops (it warns) is not seen here; neither is a crash before trackio's sender ran.
+``force_flush`` has nothing public to wait on and returns True.
 
 Annotations (``tracer.annotate``) are logged as one more ``Trace`` at the trajectory's step,
 key ``rollout_trace/annotation``, metadata ``op``/``kind`` ``annotation``, the trajectory's
@@ -45,9 +43,9 @@ same ``span_id`` (the latest wins).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,11 +53,6 @@ from tracer.annotations import AnnotationRecord, annotation_span
 from tracer.backends.base import Exporter, ExportResult, RecentIds
 from tracer.config import TraceConfig
 from tracer.record import STYLE_KEY, SpanRecord, TrajectoryRecord
-
-POLL_S = 0.05  # how often force_flush looks at a remote run's sender
-# What force_flush reads of a trackio Run (trackio 0.43.0; see the module docstring).
-_RUN_MEMBERS = ("_is_local", "_client_lock", "_queue_lock", "_flush_queues_inline",
-                "_queued_logs", "_sending_batch", "_has_local_buffer", "id")  # fmt: skip
 
 
 def trace_key(op_name: str) -> str:
@@ -143,101 +136,102 @@ def trackio_version() -> str:
     return str(getattr(trackio, "__version__", "?"))
 
 
-def _own_run(config: TraceConfig, resume: str = "never") -> Any:
-    """A new run, started in a copy of the caller's context: the caller's current trackio run
-    (another project's, say the training metrics') is neither finished by ``trackio.init``
-    nor replaced as the current run."""
-    import contextvars
-
-    import trackio
-    from trackio import context_vars
+def _run_in_context(
+    trackio: Any, context_vars: Any, config: TraceConfig, resume: str
+) -> tuple[Any, Any]:
+    """A new run of ``config``'s project and experiment, and the context it is current in: a
+    copy of the caller's, so the caller's current trackio run (another project's, say the
+    training metrics') is neither finished by ``trackio.init`` nor replaced as the current
+    run. ``resume`` is passed only when it is not trackio's default (verl's exact call)."""
+    context = contextvars.copy_context()
 
     def start() -> Any:
         context_vars.current_run.set(None)
-        return trackio.init(
-            project=config.project_name,
-            name=config.experiment_name,
-            config={"framework": "verl"},
-            resume=resume,
-        )
+        options = {} if resume == "never" else {"resume": resume}
+        return trackio.init(project=config.project_name, name=config.experiment_name,
+                            config={"framework": "verl"}, **options)  # fmt: skip
 
-    return contextvars.copy_context().run(start)
+    return context.run(start), context
+
+
+class _SharedRun:
+    """A run this process started, the context it is current in, and how many exporters use
+    it (the traces' and the annotator's): the last one to shut down finishes it."""
+
+    def __init__(self, run: Any, context: Any) -> None:
+        self.run = run
+        self.context = context
+        self.users = 0
+
+
+# Runs this process started, by (trackio module, project, experiment). The annotator's exporter
+# must log into the traces' run, and trackio finds a run by name (resume) only once its sender
+# has written the run to the store, which nothing public waits for.
+_live_runs: dict[tuple[Any, str, str], _SharedRun] = {}
+_live_lock = threading.Lock()
 
 
 class TrackioExporter(Exporter):
     name = "trackio"
+    supports_annotations = True
 
     def __init__(self, config: TraceConfig) -> None:
         import trackio  # ImportError -> "pip install rollout-tracer[trackio]"
-        from trackio import context_vars
+        from trackio import context_vars  # as verl reads it
 
         self.config = config
-        self._trace = trackio.Trace
+        # kept, not imported again: shutdown reaches the trackio this exporter logged to
+        self._trackio = trackio
+        self._context_vars = context_vars
         current: Any = context_vars.current_run.get()
         self._owns_run = current is None or current.project != config.project_name
-        # the annotator's exporter (annotations only) resumes the traces' run on first use
-        # instead of starting a second run of the same name (see annotate)
-        self._run: Any = None
+        # a run of our own starts on first use, shared with the other exporter of this process
+        # (traces, annotations) that logs to the same project and experiment
+        self._run: Any = None if self._owns_run else current
+        self._shared: _SharedRun | None = None
+        # where trackio.log finds the run: the caller's context for the caller's run; each
+        # exporter enters its own copy (a context is entered by one thread at a time)
+        self._context: Any = None if self._owns_run else contextvars.copy_context()
         run_name = config.experiment_name if self._owns_run else current.name
         self.destination = f"trackio:{config.project_name}/{run_name}"  # names the spool
-        self._lock = threading.Lock()
-        # trace ids trackio has stored, and those logged but not known to be stored yet (with
-        # the number of rows each added)
-        self._logged: RecentIds[None] = RecentIds()
-        self._unconfirmed: dict[str, int] = {}
-        self._rows_before = 0  # the run's rows before our first batch (a local store)
-        self._rows_confirmed = 0
-        if not self._owns_run:
-            self._adopt(current)
+        self._lock = threading.Lock()  # the context is entered by one thread at a time
+        self._logged: RecentIds[None] = RecentIds()  # trace ids handed to trackio
 
-    def _adopt(self, run: Any) -> None:
-        """Use ``run`` from now on, once it has every member ``force_flush`` reads."""
-        missing = [m for m in _RUN_MEMBERS if not hasattr(run, m)]
-        if missing:
-            if self._owns_run:
-                run.finish()
-            raise RuntimeError(
-                f"the trackio backend cannot tell when trackio {trackio_version()} has "
-                f"stored a batch (its Run lacks {', '.join(missing)}); it was tested with "
-                "trackio 0.43.0: pip install trackio==0.43.0"
-            )
-        self._run = run
-        self._rows_before = self._stored_rows() if run._is_local else 0
+    def _start(self, resume: str) -> None:
+        if self._run is not None:
+            return
+        key = (self._trackio, self.config.project_name, self.config.experiment_name)
+        with _live_lock:
+            shared = _live_runs.get(key)
+            if shared is None:
+                run, context = _run_in_context(self._trackio, self._context_vars,
+                                               self.config, resume)  # fmt: skip
+                shared = _live_runs[key] = _SharedRun(run, context)
+            shared.users += 1
+        self._shared, self._run, self._context = shared, shared.run, shared.context.copy()
 
-    @property
-    def run(self) -> Any:
-        """The run traces go to, started on first use (``export``)."""
-        if self._run is None:
-            self._adopt(_own_run(self.config))
-        return self._run
+    def _log(self, key: str, trace: Any, step: int | None) -> None:
+        with self._lock:
+            self._context.run(self._trackio.log, {key: trace}, step=step)
 
     def export(
         self, batch: Sequence[TrajectoryRecord], *, replay: bool = False
     ) -> ExportResult:
-        with self._lock:
-            todo = [r for r in batch if r.trace_id not in self._logged
-                    and r.trace_id not in self._unconfirmed]  # fmt: skip
-        for record in todo:
+        self._start("never")
+        for record in batch:
+            if record.trace_id in self._logged:
+                continue
             own_root = record.attributes.get(STYLE_KEY) == "verl-op"
             step = _step(record)
-            spans = record.spans if own_root else record.spans[1:]
-            for span in spans:
+            for span in record.spans if own_root else record.spans[1:]:
                 messages, metadata = trace_payload(record, span)
-                self.run.log(
-                    {trace_key(span.name): self._trace(messages=messages, metadata=metadata)},
-                    step=step,
-                )
-            with self._lock:
-                self._unconfirmed[record.trace_id] = len(spans)
-        # stored when export returns, like every other backend; else pending (spooled, retried)
-        stored = self.force_flush(self.config.export_timeout_s)
-        return ExportResult.SUCCESS if stored else ExportResult.FAILURE
-
-    supports_annotations = True
+                trace = self._trackio.Trace(messages=messages, metadata=metadata)
+                self._log(trace_key(span.name), trace, step)
+            self._logged.add(record.trace_id, None)
+        return ExportResult.SUCCESS
 
     def annotate(self, batch: Sequence[AnnotationRecord]) -> list[bool]:
-        if self._run is None:  # the traces' run, written by this process's export exporter
-            self._adopt(_own_run(self.config, resume="allow"))
+        self._start("allow")  # the traces' run: this process's, else one stored by name
         for ann in batch:
             span, _tags = annotation_span(ann, ann.root_span_id, ann.created_ns, None)
             metadata = {
@@ -252,61 +246,27 @@ class TrackioExporter(Exporter):
                 {"role": "assistant", "content": _content(span.outputs)},
             ]
             step = None if ann.step is None else int(ann.step)
-            trace = self._trace(messages=messages, metadata=metadata)
-            self.run.log({trace_key("annotation"): trace}, step=step)
-        self.force_flush()
+            trace = self._trackio.Trace(messages=messages, metadata=metadata)
+            self._log(trace_key("annotation"), trace, step)
         return [True] * len(batch)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
-        """True once trackio has stored everything logged so far (see the module docstring);
-        False when it has not within ``timeout_s`` (a remote run) or lost rows (local)."""
-        if self._run is None:
-            return True  # no run started: nothing was logged
-        with self._lock:
-            pending = dict(self._unconfirmed)
-        run = self._run
-        if run._is_local:
-            with run._client_lock:
-                run._flush_queues_inline()
-            expected = self._rows_confirmed + sum(pending.values())
-            if self._stored_rows() - self._rows_before < expected:
-                with self._lock:  # trackio dropped rows: log these trajectories again
-                    for trace_id in pending:
-                        self._unconfirmed.pop(trace_id, None)
-                return False
-            self._rows_confirmed = expected
-        elif not self._wait_sent(timeout_s):
-            return False
-        with self._lock:
-            for trace_id in pending:
-                self._unconfirmed.pop(trace_id, None)
-                self._logged.add(trace_id, None)
+        """True: trackio 0.43 has no public flush (see the module docstring); what was logged
+        is trackio's, and ``shutdown`` waits for it with ``trackio.finish()``."""
         return True
 
-    def _wait_sent(self, timeout_s: float) -> bool:
-        """Wait until a remote run's sender has nothing left: queue, batch in flight, and the
-        local buffer of what the server refused."""
-        run = self.run
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with run._queue_lock:
-                if not run._queued_logs and run._sending_batch is None and not (
-                    run._has_local_buffer
-                ):
-                    return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(POLL_S)
-
-    def _stored_rows(self) -> int:
-        from trackio.sqlite_storage import SQLiteStorage
-
-        return int(SQLiteStorage.get_log_count(self.run.project, run_id=self.run.id))
-
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        if self._run is None:
+        """Finish the run this process started, when no other exporter uses it (trackio
+        writes what it still holds); the caller's own run is the caller's to finish."""
+        shared, self._shared = self._shared, None
+        if shared is None:
             return
-        if self._owns_run:
-            self.run.finish()
-        else:
-            self.force_flush(timeout_s)
+        key = (self._trackio, self.config.project_name, self.config.experiment_name)
+        with _live_lock:
+            shared.users -= 1
+            if shared.users > 0:
+                return
+            if _live_runs.get(key) is shared:
+                del _live_runs[key]
+        with self._lock:
+            self._context.run(self._trackio.finish)
