@@ -26,6 +26,18 @@ def _fresh_tracer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     tracer.reset()
 
 
+@pytest.fixture(autouse=True)
+def _export_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's export runs in this process unless the test is marked ``export_child``.
+
+    By default each MLflow ``tracer.init`` starts an export child that imports MLflow (~4.5 s
+    of CPU); over the suite that was minutes, spent on tests about something else. The
+    variable (not an argument) reaches the processes a test starts too: CLI runs, Ray workers.
+    The child's own tests and the main-job test are marked and keep the real default."""
+    if request.node.get_closest_marker("export_child") is None:
+        monkeypatch.setenv("ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS", "false")
+
+
 @pytest.fixture
 def mlflow_uri(tmp_path: Path) -> str:
     """A real, empty MLflow sqlite store for this test."""
