@@ -26,6 +26,9 @@ def _fresh_tracer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     tracer.reset()
 
 
+_EXPORT_CHILD_ENV = os.environ.get("ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS")
+
+
 @pytest.fixture(autouse=True)
 def _export_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow's export runs in this process unless the test is marked ``export_child``.
@@ -33,8 +36,10 @@ def _export_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     By default each MLflow ``tracer.init`` starts an export child that imports MLflow (~4.5 s
     of CPU); over the suite that was minutes, spent on tests about something else. The
     variable (not an argument) reaches the processes a test starts too: CLI runs, Ray workers.
-    The child's own tests and the main-job test are marked and keep the real default."""
-    if request.node.get_closest_marker("export_child") is None:
+    The child's own tests and the main-job test are marked and keep the real default. A value
+    set outside (``ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS=true python -m pytest``) is kept: the
+    whole suite through the child."""
+    if request.node.get_closest_marker("export_child") is None and _EXPORT_CHILD_ENV is None:
         monkeypatch.setenv("ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS", "false")
 
 
