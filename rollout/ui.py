@@ -170,7 +170,12 @@ def _serve(
     def on_signal(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_signal)
+    # SIGINT too, not only SIGTERM: a process started as a background job of a script (`cmd &`,
+    # how a long test run or a CI step is often started) inherits SIGINT *ignored*, and Python
+    # then never installs its KeyboardInterrupt handler, so "press Ctrl-C" (kill -INT) did
+    # nothing. This is the command's own process, like `mlflow server` and uvicorn, which also
+    # handle both signals whatever they inherited.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = start_server(uri, port, artifacts)
     try:
         if not wait_healthy(proc, base, HEALTH_TIMEOUT_S):
@@ -186,7 +191,8 @@ def _serve(
         return 0
     finally:
         stop_server(proc)
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         print("mlflow server stopped", flush=True)
 
 

@@ -126,7 +126,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(kill=True)  # its data goes with the session: no graceful shutdown to wait for
 
 
 @pytest.fixture(scope="session")
@@ -153,7 +153,7 @@ def postgres_mlflow_server(
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(kill=True)
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:

@@ -11,10 +11,30 @@ import pytest
 
 import tracer
 
+# The session-scoped servers, registered here once: a fixture imported into several test
+# modules is a separate fixture in each, and each started its own server.
+from tests._ray_cluster import ray_cluster  # noqa: F401
+from tests._servers import mlflow_server, postgres_mlflow_server, postgres_uri  # noqa: F401
+
 # MLflow's own telemetry and async logging are not what we test; keep them out of the way.
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+
+
+# Under pytest-xdist (--dist loadgroup, pyproject.toml) a session fixture is one per worker
+# process. The tests that use a slow-to-start shared server or cluster run on one worker (the
+# "servers" group), so each starts once: one lean MLflow server (~550 MB), one PostgreSQL, one
+# Ray cluster at a time on 2 cores. Tests that start Ray themselves say so with the same mark.
+SHARED_SERVERS = ("mlflow_server", "ray_cluster", "postgres_uri", "postgres_mlflow_server")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if any(f in names for f in SHARED_SERVERS) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("servers"))
 
 
 @pytest.fixture(autouse=True)
@@ -24,6 +44,23 @@ def _fresh_tracer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     tracer.reset()
     yield
     tracer.reset()
+
+
+_EXPORT_CHILD_ENV = os.environ.get("ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS")
+
+
+@pytest.fixture(autouse=True)
+def _export_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's export runs in this process unless the test is marked ``export_child``.
+
+    By default each MLflow ``tracer.init`` starts an export child that imports MLflow (~4.5 s
+    of CPU); over the suite that was minutes, spent on tests about something else. The
+    variable (not an argument) reaches the processes a test starts too: CLI runs, Ray workers.
+    The child's own tests and the main-job test are marked and keep the real default. A value
+    set outside (``ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS=true python -m pytest``) is kept: the
+    whole suite through the child."""
+    if request.node.get_closest_marker("export_child") is None and _EXPORT_CHILD_ENV is None:
+        monkeypatch.setenv("ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS", "false")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import tracer
-from tests._servers import MlflowServer, mlflow_server  # noqa: F401  (fixture)
+from tests._servers import MlflowServer
 from tracer.annotations import token_values
 from tracer.tokens import VALUE_ATTR_PREFIX, decode_floats
 
@@ -37,7 +37,7 @@ def _annotate(sample: int = 0) -> None:
                            values={"train_logprob": TRAIN, "ref_logprob": REF, "advantage": 0.5})
 
 
-def test_otlp_annotation_lands_in_the_trace(mlflow_server: MlflowServer) -> None:  # noqa: F811
+def test_otlp_annotation_lands_in_the_trace(mlflow_server: MlflowServer) -> None:
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
     from mlflow.tracking import MlflowClient
 

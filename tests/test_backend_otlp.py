@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import tracer
-from tests._servers import MlflowServer, mlflow_server  # noqa: F401  (fixture)
+from tests._servers import MlflowServer
 from tracer.backends.otlp_backend import OtlpExporter, resolve_endpoint
 from tracer.config import TraceConfig
 from tracer.testing import InMemoryExporter
@@ -151,7 +151,7 @@ def test_endpoint_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     assert headers["x-env"] == "1" and headers["x-both"] == "config"
 
 
-def test_otlp_to_real_mlflow_server(mlflow_server: MlflowServer) -> None:  # noqa: F811
+def test_otlp_to_real_mlflow_server(mlflow_server: MlflowServer) -> None:
     from mlflow.tracking import MlflowClient
 
     exp_id = mlflow_server.experiment_id(EXP)

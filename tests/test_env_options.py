@@ -75,3 +75,37 @@ def test_the_switch_setting_and_verls_default_store() -> None:
     assert "tracking_uri" not in switch_options({"MLFLOW_TRACKING_URI": "http://m:5000"})
     ours = {"ROLLOUT_TRACER_TRACKING_URI": "sqlite:///x.db", "MLFLOW_TRACKING_URI": "http://m"}
     assert switch_options(ours)["tracking_uri"] == "sqlite:///x.db"
+
+
+def test_export_in_subprocess_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, mlflow_uri: str, tmp_path: Path
+) -> None:
+    """``ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS`` decides when the argument is None (the test
+    suite sets it to false: tests/conftest.py); an argument wins; a bad value fails init."""
+    from tracer.config import TraceConfig, resolve_export_in_subprocess
+
+    var = "ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS"
+    default = TraceConfig(backend=None)
+    assert resolve_export_in_subprocess(default, {}) is None
+    assert resolve_export_in_subprocess(default, {var: "false"}) is False
+    assert resolve_export_in_subprocess(default, {var: "1"}) is True
+    assert resolve_export_in_subprocess(default, {var: "none"}) is None
+    asked = TraceConfig(backend=None, export_in_subprocess=True)
+    assert resolve_export_in_subprocess(asked, {var: "0"}) is True
+    with pytest.raises(ConfigError, match=var):
+        resolve_export_in_subprocess(default, {var: "maybe"})
+
+    monkeypatch.setenv(var, "false")
+    tracer.init(backend="mlflow", tracking_uri=mlflow_uri, spool_dir=str(tmp_path / "spool"))
+    try:
+        with tracer.trace_attr(step=0, sample_index=0, rollout_n=0):
+            pass
+        assert tracer.flush(60)
+        exporter = tracer.get_tracer().pipeline.workers[0].exporter
+        assert type(exporter).__name__ == "MlflowExporter"  # not the child's proxy
+    finally:
+        tracer.reset()
+    monkeypatch.setenv(var, "maybe")
+    with pytest.raises(ConfigError, match=var):
+        tracer.init(backend="mlflow", tracking_uri=mlflow_uri, spool_dir=str(tmp_path / "spool"))
+    tracer.reset()

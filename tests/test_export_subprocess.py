@@ -12,6 +12,8 @@ import pytest
 import tracer
 from tests.conftest import search_traces
 
+pytestmark = pytest.mark.export_child  # the export child is what these test
+
 pytest.importorskip("mlflow")
 
 

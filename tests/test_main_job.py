@@ -25,6 +25,7 @@ def _spans(trace: Any, name: str | None = None, span_type: str | None = None) ->
 
 
 @pytest.mark.slow
+@pytest.mark.export_child  # the main job as users run it: the default export child
 def test_default_run_in_mlflow(tmp_path: Path, mlflow_uri: str) -> None:
     pytest.importorskip("xgrammar")
     rc = main(["run", "--no-progress", "trainer.logger=[console,mlflow]",

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests._servers import MlflowServer, mlflow_server  # noqa: F401  (fixture)
+from tests._servers import MlflowServer
 
 pytest.importorskip("mlflow")
 
@@ -21,7 +21,7 @@ def _graphql(url: str, query: str) -> tuple[int, dict]:
         return resp.status, json.loads(resp.read())
 
 
-def test_graphql_answers_the_experiment_page_query(mlflow_server: MlflowServer) -> None:  # noqa: F811
+def test_graphql_answers_the_experiment_page_query(mlflow_server: MlflowServer) -> None:
     exp_id = mlflow_server.experiment_id("graphql-check")
     query = ('query { mlflowGetExperiment(input: {experimentId: "EXP"}) '
              "{ experiment { experimentId name } } }").replace("EXP", exp_id)  # fmt: skip

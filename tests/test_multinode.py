@@ -18,12 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests._ray_cluster import NODE_IPS, RayCluster, ray_cluster  # noqa: F401  (fixture)
-from tests._servers import (  # noqa: F401  (fixtures)
-    MlflowServer,
-    postgres_mlflow_server,
-    postgres_uri,
-)
+from tests._ray_cluster import NODE_IPS, RayCluster
+from tests._servers import MlflowServer
 from tests.conftest import search_traces
 
 pytestmark = pytest.mark.slow
@@ -54,7 +50,7 @@ def _reconcile(per_worker: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def test_multinode_run_stores_every_trajectory_once_tagged_with_its_node(
-    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, tmp_path: Path  # noqa: F811
+    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     project = "multinode-run"
     # `rollout-tracer run` as a user runs it on a cluster node: RAY_ADDRESS and the token
@@ -85,7 +81,7 @@ def test_multinode_run_stores_every_trajectory_once_tagged_with_its_node(
 
 
 def test_server_killed_and_restarted_mid_run_stores_everything_once(
-    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, postgres_uri: str,  # noqa: F811
+    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, postgres_uri: str,
     tmp_path: Path,
 ) -> None:
     project, steps = "multinode-server-restart", 3
@@ -104,7 +100,7 @@ def test_server_killed_and_restarted_mid_run_stores_everything_once(
 
 
 def test_shared_spool_replayed_from_both_nodes_exports_each_batch_once(
-    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, postgres_uri: str,  # noqa: F811
+    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, postgres_uri: str,
     tmp_path: Path,
 ) -> None:
     project, steps = "multinode-shared-spool", 2
@@ -124,7 +120,7 @@ def test_shared_spool_replayed_from_both_nodes_exports_each_batch_once(
 
 
 def test_worker_node_lost_mid_step_is_reported_and_rerun_and_the_report_matches_the_store(
-    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, tmp_path: Path,  # noqa: F811
+    ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, tmp_path: Path,
 ) -> None:
     """Last in this file: the worker node stays down for the rest of the session."""
     project = "multinode-node-lost"

@@ -18,7 +18,7 @@ from rollout.ray_workers import (
     split_by_prompt,
 )
 from rollout.worker import iterate_batches, load_dataset
-from tests._servers import start_mlflow_server
+from tests._servers import MlflowServer
 from tests.conftest import search_traces
 from tracer.sampling import sample_hash
 
@@ -27,6 +27,8 @@ EXP = "ray-workers"
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
 # "" is in every prompt: each trajectory calls the calculator once, then answers
 SCRIPT = {"": [f"Let me compute.\n{CALL}", "The result is 42.\n#### 42"]}
+# each Ray test starts a local cluster: with the other Ray tests, one at a time (conftest.py)
+pytestmark = pytest.mark.xdist_group("servers")
 
 
 def test_split_by_prompt_keeps_order_and_balances() -> None:
@@ -61,75 +63,70 @@ def test_tracer_metrics_of_all_workers_add_up() -> None:
     importlib.util.find_spec("ray") is None,
     reason="ray is not installed (pip install 'rollout-tracer[ray]')",
 )
-def test_two_ray_workers_trace_sampled_groups_into_one_server(tmp_path: Path) -> None:
+def test_two_ray_workers_trace_sampled_groups_into_one_server(
+    tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("transformers")
     limit, n, batch_size, steps = 2, 2, 6, 3
-    root = tmp_path / "server"
-    root.mkdir()
-    server = start_mlflow_server(root)
-    try:
-        config = load_config([
-            "actor_rollout_ref.rollout.name=scripted",
-            f"actor_rollout_ref.rollout.n={n}",
-            f"data.train_batch_size={batch_size}",
-            f"trainer.total_steps={steps}",
-            f"trainer.project_name={EXP}",
-            "trainer.test_freq=0",  # validation: test_ray_workers_run_validation_passes
-            "actor_rollout_ref.rollout.agent.num_workers=2",
-            f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
-            f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
-        ])  # fmt: skip
-        trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
-                 "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
-        t0 = time.perf_counter()
-        worker_ids = _run_pool(config, trace, steps, expect_exported=limit * n * steps)
-        elapsed = time.perf_counter() - t0
+    server, exp = mlflow_server, f"{EXP}-{tmp_path.name}"  # the session's server, our experiment
+    config = load_config([
+        "actor_rollout_ref.rollout.name=scripted",
+        f"actor_rollout_ref.rollout.n={n}",
+        f"data.train_batch_size={batch_size}",
+        f"trainer.total_steps={steps}",
+        f"trainer.project_name={exp}",
+        "trainer.test_freq=0",  # validation: test_ray_workers_run_validation_passes
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
+        f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
+    ])  # fmt: skip
+    trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
+             "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
+    t0 = time.perf_counter()
+    worker_ids = _run_pool(config, trace, steps, expect_exported=limit * n * steps)
+    elapsed = time.perf_counter() - t0
 
-        # expected: per step, worker i ran half of the batch (whole prompts) and kept the
-        # `limit` prompts with the lowest sampling hash, each with all its n samples
-        data = config["data"]
-        batches = iterate_batches(load_dataset(data["train_files"]), batch_size,
-                                  int(data["seed"]), bool(data["shuffle"]))  # fmt: skip
-        expected: dict[tuple[str, str, str], str] = {}
-        for step in range(1, steps + 1):
-            batch = next(batches)
-            half = batch_size // 2
-            for w, chunk in enumerate((batch[:half], batch[half:])):
-                idx = sorted((r["index"] for r in chunk),
-                             key=lambda i, s=step: sample_hash(0, s, False, i))  # fmt: skip
-                for i in idx[:limit]:
-                    for k in range(n):
-                        expected[(str(step), str(i), str(k))] = worker_ids[w]
-        traces = search_traces(server.url, EXP)
-        got = [(t.info.tags["step"], t.info.tags["sample_index"], t.info.tags["rollout_n"])
-               for t in traces]  # fmt: skip
-        assert len(got) == len(set(got)), "a trajectory was stored twice"
-        assert len(got) == len(expected) == 2 * limit * n * steps
-        assert set(got) == set(expected)
-        for t, key in zip(traces, got, strict=True):
-            assert t.info.tags["worker_id"] == expected[key]
-        assert all(w.startswith(f"worker-{i}@") and ":" in w for i, w in enumerate(worker_ids))
-        print(f"ray workers: {len(got)} traces in {elapsed:.1f} s (cluster start to shutdown)")
-    finally:
-        server.stop()
+    # expected: per step, worker i ran half of the batch (whole prompts) and kept the
+    # `limit` prompts with the lowest sampling hash, each with all its n samples
+    data = config["data"]
+    batches = iterate_batches(load_dataset(data["train_files"]), batch_size,
+                              int(data["seed"]), bool(data["shuffle"]))  # fmt: skip
+    expected: dict[tuple[str, str, str], str] = {}
+    for step in range(1, steps + 1):
+        batch = next(batches)
+        half = batch_size // 2
+        for w, chunk in enumerate((batch[:half], batch[half:])):
+            idx = sorted((r["index"] for r in chunk),
+                         key=lambda i, s=step: sample_hash(0, s, False, i))  # fmt: skip
+            for i in idx[:limit]:
+                for k in range(n):
+                    expected[(str(step), str(i), str(k))] = worker_ids[w]
+    traces = search_traces(server.url, exp)
+    got = [(t.info.tags["step"], t.info.tags["sample_index"], t.info.tags["rollout_n"])
+           for t in traces]  # fmt: skip
+    assert len(got) == len(set(got)), "a trajectory was stored twice"
+    assert len(got) == len(expected) == 2 * limit * n * steps
+    assert set(got) == set(expected)
+    for t, key in zip(traces, got, strict=True):
+        assert t.info.tags["worker_id"] == expected[key]
+    assert all(w.startswith(f"worker-{i}@") and ":" in w for i, w in enumerate(worker_ids))
+    print(f"ray workers: {len(got)} traces in {elapsed:.1f} s (cluster start to shutdown)")
 
 
-def test_ray_workers_run_validation_passes(tmp_path: Path) -> None:
+def test_ray_workers_run_validation_passes(tmp_path: Path, mlflow_server: MlflowServer) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("transformers")
     import ray
 
     from rollout.ray_workers import RayRolloutPool
 
-    root = tmp_path / "server"
-    root.mkdir()
-    server = start_mlflow_server(root)
+    server, exp = mlflow_server, f"{EXP}-{tmp_path.name}"  # the session's server, our experiment
     pool: Any = None
     try:
         config = load_config([
             "actor_rollout_ref.rollout.name=scripted", "actor_rollout_ref.rollout.n=1",
-            "data.train_batch_size=2", "trainer.total_steps=2", f"trainer.project_name={EXP}",
+            "data.train_batch_size=2", "trainer.total_steps=2", f"trainer.project_name={exp}",
             "trainer.val_before_train=true", "trainer.test_freq=2", "data.val_max_samples=2",
             "actor_rollout_ref.rollout.agent.num_workers=2",
             f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
@@ -145,7 +142,7 @@ def test_ray_workers_run_validation_passes(tmp_path: Path) -> None:
         # the fixed set, split by prompt over both workers, at steps 0 and 2
         assert [(v.step, v.validate, len(v.outputs)) for v in vals] == [(0, True, 2), (2, True, 2)]
         assert pool.flushed[0] == [True, True] and pool.flushed[2] == [True, True]
-        val = search_traces(server.url, EXP, "tags.validate = 'true'")
+        val = search_traces(server.url, exp, "tags.validate = 'true'")
         got = sorted((t.info.tags["step"], t.info.tags["sample_index"]) for t in val)
         assert got == [("0", "0"), ("0", "1"), ("2", "0"), ("2", "1")]
         assert len({t.info.tags["worker_id"] for t in val}) == 2
@@ -155,7 +152,6 @@ def test_ray_workers_run_validation_passes(tmp_path: Path) -> None:
                 pool.shutdown()
         finally:
             ray.shutdown()
-            server.stop()
 
 
 def _run_pool(

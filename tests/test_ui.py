@@ -392,7 +392,12 @@ def test_ui_command_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
 
     exp_id = MlflowClient(tracking_uri=uri).get_experiment_by_name(PROJECT).experiment_id
     port = free_port()
-    cmd = [sys.executable, "-m", "rollout.cli", "ui", "--tracking-uri", uri,
+    # Started with SIGINT ignored, as a background job of a script is (`python -m pytest &`):
+    # the ui must stop on it all the same. Left to inheritance, whether the child ignored
+    # SIGINT depended on this pytest process's state (importing polars swaps an ignored SIGINT
+    # for a native handler, which exec resets to default), so the test hung only in some runs.
+    cmd = ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh",
+           sys.executable, "-m", "rollout.cli", "ui", "--tracking-uri", uri,
            "--port", str(port), "--experiment", PROJECT]  # fmt: skip
     t0 = time.monotonic()
     repo = str(Path(__file__).resolve().parents[1])
@@ -452,6 +457,8 @@ def _stuck(proc: subprocess.Popen[str], port: int) -> str:
     """What the command was doing when it did not stop: its threads' stacks (faulthandler on
     SIGABRT), after the server it started is killed (it holds the same output pipe)."""
     os.kill(proc.pid, signal.SIGABRT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)  # the stacks are written before the server is killed
     for pid in _pids_listening_cmdline(f"--port {port}"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

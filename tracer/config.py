@@ -113,7 +113,9 @@ class TraceConfig:
     # run a backend's export calls in a child process, off the rollout's GIL. None (the
     # default): only the built-in MLflow backend's (its export is ~2 ms of Python per trace),
     # and in this process after all when the child cannot start; True: every spoolable
-    # backend's (a child that cannot start is an init error); False: none
+    # backend's (a child that cannot start is an init error); False: none. When None here,
+    # $ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS (1/0/true/false/none) decides, for a whole job and
+    # its subprocesses at once (resolve_export_in_subprocess)
     export_in_subprocess: bool | None = None
     # what to do when a backend cannot start: "raise" (default) or "warn" (others go on)
     on_backend_error: str = "raise"
@@ -257,6 +259,25 @@ _NOT_FROM_ENV = ("backend", "token2text", "max_samples_per_step_per_worker", "pr
 ENV_PREFIX = "ROLLOUT_TRACER_"
 # ROLLOUT_TRACER_* variables that are not TraceConfig fields
 ENV_OTHERS = ("VERL", "CONFIG", "CACHE")
+
+
+def resolve_export_in_subprocess(
+    config: TraceConfig, environ: Mapping[str, str] | None = None
+) -> bool | None:
+    """``config.export_in_subprocess``, or when that is None the variable
+    ``ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS`` (an argument wins over the environment). The
+    variable reaches every process of a job: a CLI run, Ray workers, a test suite that starts
+    no export child where the test is not about it. A bad value raises :class:`ConfigError`.
+
+    Example::
+
+        resolve_export_in_subprocess(TraceConfig(backend="mlflow"))  # None: the default
+    """
+    if config.export_in_subprocess is not None:
+        return config.export_in_subprocess
+    var = ENV_PREFIX + "EXPORT_IN_SUBPROCESS"
+    text = (os.environ if environ is None else environ).get(var)
+    return None if text is None else _env_value(var, text, "bool | None")
 
 
 def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:

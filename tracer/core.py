@@ -15,7 +15,7 @@ from tracer import current
 from tracer.attempts import AttemptCounter, identity_key
 from tracer.backends import check_backends, create_exporter
 from tracer.backends.base import Exporter, as_exporter
-from tracer.config import ConfigError, TraceConfig
+from tracer.config import ConfigError, TraceConfig, resolve_export_in_subprocess
 from tracer.sampling import Sampler
 
 log = logging.getLogger("tracer")
@@ -55,6 +55,7 @@ class Tracer:
         from tracer.pipeline import Pipeline
 
         factories: list[Any] = []
+        in_subprocess = resolve_export_in_subprocess(self.config)  # a bad variable raises here
         for name in self.config.backends:
             try:
                 exporter = create_exporter(name, self.config)
@@ -70,7 +71,8 @@ class Tracer:
                     raise TracerInitError(msg) from exc
                 log.warning("%s; tracing goes on without it (on_backend_error='warn')", msg)
                 continue
-            factories.append(_ExporterSource(as_exporter(exporter), name, self.config))
+            factories.append(_ExporterSource(as_exporter(exporter), name, self.config,
+                                            in_subprocess))  # fmt: skip
         if not factories:
             return self
         self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
@@ -182,11 +184,14 @@ class _ExporterSource:
     there), a fresh one on later calls (in a forked child), in a child process when
     ``export_in_subprocess`` says so (``_in_child``)."""
 
-    def __init__(self, exporter: Exporter, name: str, config: TraceConfig) -> None:
+    def __init__(
+        self, exporter: Exporter, name: str, config: TraceConfig, in_subprocess: bool | None
+    ) -> None:
         self.exporter: Exporter | None = exporter
         self.name = name
         self.config = config
         self.child_destination: str | None = None  # set once this process exports from a child
+        self.in_subprocess = in_subprocess
 
     def __call__(self) -> Exporter:
         exporter, self.exporter = self.exporter, None
@@ -199,14 +204,14 @@ class _ExporterSource:
                                       start=False)  # fmt: skip
         if exporter is None:
             exporter = as_exporter(create_exporter(self.name, self.config))
-        if not _in_child(self.config.export_in_subprocess, self.name, exporter):
+        if not _in_child(self.in_subprocess, self.name, exporter):
             return exporter
         from tracer.backends.subprocess_proxy import SubprocessExporter
 
         try:
             child = SubprocessExporter(self.name, self.config, exporter.spool_key)
         except Exception as exc:
-            if self.config.export_in_subprocess:  # asked for: an init error, as any backend's
+            if self.in_subprocess:  # asked for: an init error, as any backend's
                 exporter.shutdown()
                 raise
             log.warning("rollout-tracer: %s exports from this process: its export process "
