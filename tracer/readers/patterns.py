@@ -89,10 +89,10 @@ class Rising:
 
     signature: str
     text: str
-    since: int  # first of the earlier steps of its first flag: the range starts here
+    since: int  # its first step in the earlier steps of its first flag (or that flag's step)
     first_step: int  # first step it was flagged at
     last_step: int  # last step it was flagged at
-    share_then: float  # its share over the earlier steps of its first flag
+    share_then: float  # its share at step ``since``
     share_now: float  # its share over the recent steps of its last flag
     peak_share: float
     peak_step: int
@@ -249,7 +249,7 @@ def _hacking_reason(s: _Sums, steps: list[int], th: PatternThresholds) -> str | 
                    f"({s.length:.0f} against {s.rest_length:.0f})")  # fmt: skip
     if s.prompts >= th.min_prompts and s.answers <= th.repeat_ratio * s.prompts:
         why.append(f"it gives the same response to different prompts ({s.answers} distinct "
-                   f"responses for {s.prompts} prompts)")  # fmt: skip
+                   f"responses for {s.prompts} prompts, counted per step)")  # fmt: skip
     if not why:
         return None
     where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
@@ -273,10 +273,11 @@ def _rising(sig: str, per_step: dict[int, Group], steps: list[int],
             continue
         reason = _hacking_reason(now, recent, th)
         if found is None:
-            g = per_step[steps[i]] if steps[i] in per_step else next(iter(per_step.values()))
-            found = Rising(sig, g.text, earlier[0], steps[i], steps[i], then.share,
-                           now.share, 0.0, steps[i], now.reward, now.step_reward, g.example,
-                           [], [])  # fmt: skip
+            g = per_step[max(s for s in recent if s in per_step)]
+            since = next(s for s in steps[i - th.window - th.smooth + 1 : i + 1] if s in per_step)
+            found = Rising(sig, g.text, since, steps[i], steps[i],
+                           per_step[since].n / totals[since].n, now.share, 0.0, steps[i],
+                           now.reward, now.step_reward, g.example, [], [])  # fmt: skip
         found.last_step, found.share_now = steps[i], now.share
         found.steps.append(steps[i])
         if reason is not None and not found.hacking:

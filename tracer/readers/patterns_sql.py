@@ -80,6 +80,11 @@ class Group(Counts):
     answers: int = 0  # distinct response texts
 
 
+COLUMNS = ("trace_id", "step", "validate", "signature", "signature_text", "reward",
+           "response_tokens", "response_text", "num_tool_calls", "num_tool_errors", "prompt",
+           "sample_key")  # fmt: skip
+
+
 def _double(column: str) -> str:
     # pandas keeps a missing number as NaN, which DuckDB would average as a number
     return (f"(CASE WHEN isnan(CAST({column} AS DOUBLE)) THEN NULL "
@@ -130,8 +135,10 @@ def _source(con: Any, source: Any) -> None:
                                     "trajectories.parquet)")  # fmt: skip
         quoted = path.replace("'", "''")
         con.execute(f"CREATE TEMP VIEW src AS SELECT * FROM read_parquet('{quoted}')")
-    else:  # a pandas DataFrame or an Arrow table, read in place
-        con.register("src", source)
+    elif hasattr(source, "column_names"):  # an Arrow table, read in place
+        con.register("src", source.select([c for c in COLUMNS if c in source.column_names]))
+    else:  # a pandas DataFrame (only the columns needed: others may hold numpy arrays)
+        con.register("src", source[[c for c in COLUMNS if c in source.columns]])
     names = {row[0] for row in con.execute("DESCRIBE SELECT * FROM src").fetchall()}
     if "signature" not in names:
         raise NoSignatures("the trajectories table has no signature column (exported before "
