@@ -89,7 +89,7 @@ def _mlflow(tracker: Any, text: str, step: int) -> None:
 
 
 def _wandb(tracker: Any, text: str, step: int) -> None:
-    html = tracker.wandb.Html(f"<pre>{escape(text)}</pre>")
+    html = tracker.wandb.Html(f"<pre>{escape(text)}</pre>", inject=False)  # no CDN link
     tracker.run.log({TEXT_KEY: html}, step=step)
 
 

@@ -39,10 +39,10 @@ def _rules(th: PatternThresholds) -> str:
 
 def _rising_rows(rising: list[Rising]) -> str:
     rows = []
-    for r in rising[:MAX_RISING]:
+    for i, r in enumerate(rising[:MAX_RISING]):
         labels = "".join(f'<span class="label">{escape(x)}</span> ' for x in r.labels)
         rows.append(
-            f'<tr data-signature="{escape(r.signature)}"><td class="prompt">'
+            f'<tr data-signature="{escape(r.signature)}"><td>{i + 1}</td><td class="prompt">'
             f"<code>{escape(r.text)}</code></td><td class=\"labels\">{labels}</td>"
             f"<td>{r.since}-{r.last_step}</td><td>{_pct(r.share_then)} → {_pct(r.share_now)}"
             f"<br><small>peak {_pct(r.peak_share)} at step {r.peak_step}</small></td>"
@@ -102,13 +102,15 @@ def _render(found: Patterns) -> str:
     if found.rising:
         charts = "".join(
             '<div class="chart">' + line_chart({"share": [(float(s), v) for s, v in r.curve]},
-                                               f"share of the step: {r.text[:60]}") + "</div>"
-            for r in found.rising[:MAX_CURVES]
+                                               f"rising pattern {i + 1}: share of the step")
+            + "</div>"
+            for i, r in enumerate(found.rising[:MAX_CURVES])
         )  # fmt: skip
         rising = (
             f'<h3>Rising patterns (<span id="rising-count">{len(found.rising)}</span>)</h3>'
-            '<table id="rising-patterns"><thead><tr><th>pattern</th><th>flags</th><th>steps</th>'
-            "<th>share</th><th>reward vs step</th><th>why</th><th>example</th></tr></thead>"
+            '<table id="rising-patterns"><thead><tr><th>#</th><th>pattern</th><th>flags</th>'
+            "<th>steps</th><th>share</th><th>reward vs step</th><th>why</th><th>example</th>"
+            "</tr></thead>"
             f'<tbody>{_rising_rows(found.rising)}</tbody></table><div class="charts">{charts}'
             "</div>"
         )
