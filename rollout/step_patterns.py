@@ -67,7 +67,12 @@ class StepPatterns:
 
     def metrics(self, result: Any) -> dict[str, float]:
         step = int(result.step)
-        groups, totals = aggregate(trajectory_row(out, step) for out in result.outputs)
+        return self.add(step, [trajectory_row(out, step) for out in result.outputs])
+
+    def add(self, step: int, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """Add one step's trajectory rows (the export's ``trajectories`` columns); returns
+        the step's ``patterns/*`` numbers."""
+        groups, totals = aggregate(rows)
         if step not in totals:
             return {}
         self.groups[step], self.totals[step] = groups, totals[step]

@@ -179,3 +179,27 @@ def test_the_driver_logs_what_the_readers_find(
             assert logged[step][key] == pytest.approx(value), (step, key)
         top = found.top[step][0]
         assert texts[step] == f"{100 * top.share:.1f}% of step {step}: {top.text}"
+
+
+def test_the_driver_keeps_what_the_rules_look_back_at() -> None:
+    """StepPatterns drops small groups once older than the rules look back: a pattern that
+    grows 2.5x (from groups too small to be kept) is not flagged, as in the whole run."""
+    from rollout.step_patterns import StepPatterns
+
+    th = PatternThresholds(top=1)
+
+    def rows(step: int) -> list[dict[str, Any]]:
+        grown = 4 if step <= 8 else 10  # b: 2.5x; c: 2 a step, never shown nor flagged
+        sig = ["b"] * grown + ["c"] * 2 + ["a"] * (98 - grown)
+        return [{"trace_id": f"{step}-{i}", "step": step, "signature": s, "signature_text": s,
+                 "reward": 0.5 if s == "a" else 1.0, "response_tokens": 100,
+                 "prompt": str(i % 25)} for i, s in enumerate(sig)]  # fmt: skip
+
+    live = StepPatterns(th)
+    every = [r for step in range(1, 21) for r in rows(step)]
+    whole = analyze(*aggregate(every), th)
+    assert whole.rising == []
+    for step in range(1, 21):
+        assert live.add(step, rows(step)) == whole.step_metrics(step), step
+    kept = {s: sorted(g.signature for g in live.groups[s]) for s in range(1, 21)}
+    assert kept == {s: ["a", "b"] if s <= 7 else ["a", "b", "c"] for s in range(1, 21)}
