@@ -5,6 +5,7 @@ what the readers find afterwards."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,22 @@ def test_the_driver_keeps_what_the_rules_look_back_at() -> None:
         assert live.add(step, rows(step)) == whole.step_metrics(step), step
     kept = {s: sorted(g.signature for g in live.groups[s]) for s in range(1, 21)}
     assert kept == {s: ["a", "b"] if s <= 7 else ["a", "b", "c"] for s in range(1, 21)}
+
+
+def test_report_section_links_to_transcripts_it_embeds(hacked_run: Path) -> None:
+    """The Habits section of the HTML report: the hack flagged, its example's transcript in
+    the page although the page embeds only the first 2,000 trajectories by step."""
+    import json
+
+    from tracer.readers import read_parquet_dir
+    from tracer.readers.report import build_report
+
+    tables = read_parquet_dir(str(hacked_run), steps=range(25, 46))
+    html = build_report(tables)
+    habits = html.split('<section id="habits">', 1)[1].split("</section>", 1)[0]
+    (row,) = re.findall(r'<table id="rising-patterns">.*?<tbody>(.*?)</tbody>', habits)
+    assert HACK_TEXT in row and "possible reward hacking" in row
+    (example,) = re.findall(r'data-trace="([0-9a-f]{32})"', row)
+    embedded = html.split('id="transcripts"', 1)[1].split(">", 1)[1].split("</script>", 1)[0]
+    ids = {t["id"]: t["step"] for t in json.loads(embedded)}
+    assert ids[example] > 32  # steps 25-32 hold the first 2,000: embedded because linked
