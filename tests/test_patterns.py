@@ -225,3 +225,29 @@ def test_report_section_links_to_transcripts_it_embeds(hacked_run: Path) -> None
     # steps 25-32 hold the first 2,000, and the example is from the last step it was flagged
     # at, not the last step of the run (whose top patterns are linked too)
     assert 32 < ids[example] < 50
+
+
+def test_flags_command_prints_rising_patterns(
+    hacked_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from rollout.cli import main
+
+    hack = _hack_signature(hacked_run)
+    assert main(["flags", "--from", "parquet", "--path", str(hacked_run), "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rising_patterns"]
+    assert r["signature"] == hack and r["flags"] == ["rising", "possible reward hacking"]
+    assert 30 <= r["since"] <= r["first_step"] <= 40 <= r["last_step"]
+    assert r["share_then"] < 0.1 < r["share_now"] and 0.5 < r["peak_share"] < 0.7
+    assert [s for s, _ in r["curve"]] == list(range(1, 81))
+    assert main(["flags", "--from", "parquet", "--path", str(hacked_run)]) == 0
+    text = capsys.readouterr().out
+    (x,) = step_patterns(hacked_run).rising
+    line = (f"  rising, possible reward hacking: steps {x.since}-{x.last_step}, share "
+            f"{100 * x.share_then:.1f}% -> {100 * x.share_now:.1f}% (peak "
+            f"{100 * x.peak_share:.1f}% at step {x.peak_step})")  # fmt: skip
+    assert line in text and HACK_TEXT in text and f"why: {r['reason']}" in text
+    assert main(["flags", "--from", "parquet", "--path", str(hacked_run),
+                 "--pattern-min-share", "0.9"]) == 0  # fmt: skip
+    assert "no rising behaviour pattern over 80 training steps" in capsys.readouterr().out
