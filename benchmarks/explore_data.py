@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracer.readers.schema import arrow_schema
+from tracer.readers.signature import signature
 
 PAGE = 500
 TURNS = 3  # generate calls per trajectory; a tool call follows each
@@ -46,6 +47,7 @@ class Shape:
     prompts: int = 0
     tokens_per_turn: int = 0
     experiment: str = "bench"
+    scenario: str = ""  # a behaviour scenario of benchmarks/patterns_data.py ("hacking")
 
     @property
     def per_step(self) -> int:
@@ -206,6 +208,11 @@ class Generator:
             "start_time": turns["start_time"] + 200_000,
             "latency_ms": rng.gamma(2.0, 20.0, count * TURNS),
         }
+        if s.scenario:
+            from benchmarks.patterns_data import SCENARIOS
+
+            SCENARIOS[s.scenario](rng, step, prompt_no, traj, turns, calls, TURNS)
+        _sign(traj, calls)
         out = {"trajectories": traj, "turns": turns, "tool_calls": calls}
         tables = {name: pa.Table.from_pydict(cols, schema=arrow_schema(name))
                   for name, cols in out.items()}  # fmt: skip
@@ -246,14 +253,26 @@ class Generator:
         return pa.Table.from_pydict(cols, schema=arrow_schema("tokens"))
 
 
+def _sign(traj: dict[str, Any], calls: dict[str, Any]) -> None:
+    """The behaviour signature columns, as an export computes them (tracer/readers/rows.py)."""
+    made: dict[str, list[tuple[str, bool]]] = {}
+    for trace_id, name, error in zip(calls["trace_id"], calls["name"], calls["error"],
+                                     strict=True):  # fmt: skip
+        made.setdefault(trace_id, []).append((str(name), error is not None))
+    sigs = [signature(made.get(t, []), str(f), None, text) for t, f, text in
+            zip(traj["trace_id"], traj["finish_reason"], traj["response_text"], strict=True)]
+    traj["signature"] = [x.key for x in sigs]
+    traj["signature_text"] = [x.text for x in sigs]
+
+
 def generate(out: str, n: int, *, steps: int | None = None, group: int = 4,
              tokens_per_turn: int = 0, seed: int = 0, experiment: str = "bench",
-             progress: bool = False) -> dict[str, int]:  # fmt: skip
+             progress: bool = False, scenario: str = "") -> dict[str, int]:  # fmt: skip
     """Write the tables of ``n`` trajectories into folder ``out``; returns rows per table."""
     os.makedirs(out, exist_ok=True)
     steps = steps or max(1, min(100, n // 400))
     shape = Shape(n=n, steps=steps, group=group, tokens_per_turn=tokens_per_turn,
-                  experiment=experiment)  # fmt: skip
+                  experiment=experiment, scenario=scenario)  # fmt: skip
     gen = Generator(shape, seed)
     names = ["trajectories", "turns", "tool_calls"] + (["tokens"] if tokens_per_turn else [])
     writers = {name: pq.ParquetWriter(os.path.join(out, f"{name}.parquet"), arrow_schema(name),
@@ -282,10 +301,13 @@ def main() -> None:
     p.add_argument("--group", type=int, default=4, help="rollouts per sample (GRPO n)")
     p.add_argument("--tokens-per-turn", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scenario", default="", choices=["", "hacking"],
+                   help="a behaviour scenario (benchmarks/patterns_data.py)")
     args = p.parse_args()
     t0 = time.perf_counter()
     rows = generate(args.out, args.n, steps=args.steps, group=args.group,
-                    tokens_per_turn=args.tokens_per_turn, seed=args.seed, progress=True)
+                    tokens_per_turn=args.tokens_per_turn, seed=args.seed, progress=True,
+                    scenario=args.scenario)
     print(f"wrote {rows} in {time.perf_counter() - t0:.1f} s to {args.out}")
 
 

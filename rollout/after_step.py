@@ -1,7 +1,8 @@
 """What the driver of ``rollout-tracer run`` does after each rollout step, before it logs the
 step: the trainer's side (``rollout.trainer_pass``: bfloat16 log-probs and entropy, reference
 log-probs, attached with ``tracer.annotate``), verl's ``rollout_corr/*`` mismatch metrics
-(``rollout.mismatch``), the per-step health flag counts (``rollout.step_health``) and, every
+(``rollout.mismatch``), the per-step health flag counts (``rollout.step_health``), the
+behaviour patterns (``rollout.step_patterns``: ``patterns/*`` and the top pattern's text) and, every
 ``trainer.kl_heatmap_freq`` steps, the KL heatmap image in every tracker (``rollout.heatmap``).
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from rollout.heatmap import kl_matrix, log_heatmap, render
 from rollout.step_health import StepHealth
+from rollout.step_patterns import StepPatterns, log_top_pattern
 from rollout.trainer_pass import TrainerPass
 
 
@@ -24,9 +26,13 @@ class AfterStep:
         self.heatmap_freq = int(trainer.get("kl_heatmap_freq") or 0)
         self.trainer_pass = TrainerPass.from_config(config, engine)
         self.health = StepHealth()
+        self.patterns = StepPatterns()
 
     def __call__(self, result: Any) -> dict[str, float]:
         metrics = self.health.counts(result)
+        metrics.update(self.patterns.metrics(result))
+        if self.tracking is not None and self.patterns.top_text:
+            log_top_pattern(self.tracking, int(result.step), self.patterns.top_text)
         if self.trainer_pass is None:
             return metrics
         t0 = time.perf_counter()

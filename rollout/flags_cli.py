@@ -1,15 +1,19 @@
-"""``rollout-tracer flags``: the health flags of a run, for a terminal user.
+"""``rollout-tracer flags``: the health flags of a run, and its rising behaviour patterns, for a
+terminal user.
 
     rollout-tracer flags --from mlflow --tracking-uri sqlite:///mlflow.db --experiment gsm8k
     rollout-tracer flags --from parquet --path exports/gsm8k --examples 3
     rollout-tracer flags --from mlflow --experiment gsm8k --write-tags   # flag.<name> tags
+    rollout-tracer flags --from parquet --path exports/gsm8k --pattern-window 20 --pattern-growth 2
 
-The rules and thresholds are in :mod:`tracer.readers.health`; registered in :mod:`rollout.cli`.
+The rules and thresholds are in :mod:`tracer.readers.health` and :mod:`tracer.readers.patterns`
+(``--pattern-<threshold>`` sets one of the latter); registered in :mod:`rollout.cli`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -32,6 +36,55 @@ def configure_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-tags", action="store_true",
                    help="--from mlflow: tag each flagged trace flag.<name>=true in MLflow "
                    "(filter tags.`flag.truncated` = 'true' in the UI)")  # fmt: skip
+    from tracer.readers.patterns import PatternThresholds
+
+    for f in dataclasses.fields(PatternThresholds):
+        if f.name != "top":
+            p.add_argument(f"--pattern-{f.name.replace('_', '-')}", dest=f"pattern_{f.name}",
+                           type=type(f.default), default=f.default, metavar="X",
+                           help=f"behaviour patterns: {f.name} (default {f.default}; "
+                           "tracer/readers/patterns.py)")  # fmt: skip
+
+
+def _patterns(args: argparse.Namespace, trajectories: Any) -> tuple[Any, str | None]:
+    """The run's behaviour patterns, or None and why not."""
+    from tracer.readers.patterns import PatternThresholds, step_patterns
+    from tracer.readers.patterns_sql import NoSignatures
+
+    names = [f.name for f in dataclasses.fields(PatternThresholds) if f.name != "top"]
+    th = PatternThresholds(**{name: getattr(args, f"pattern_{name}") for name in names})
+    try:
+        return step_patterns(trajectories, th), None
+    except NoSignatures as exc:
+        return None, str(exc)
+
+
+def rising_json(r: Any) -> dict[str, Any]:
+    return {"signature": r.signature, "text": r.text, "flags": r.labels, "since": r.since,
+            "first_step": r.first_step, "last_step": r.last_step,
+            "share_then": round(r.share_then, 4), "share_now": round(r.share_now, 4),
+            "peak_share": round(r.peak_share, 4), "peak_step": r.peak_step,
+            "reward": round(r.reward, 4), "step_reward": round(r.step_reward, 4),
+            "reason": r.reason, "example": r.example,
+            "curve": [[s, round(v, 4)] for s, v in r.curve]}  # fmt: skip
+
+
+def print_rising(found: Any, examples: int) -> None:
+    """The rising patterns, one block each: flags, step range and share, the pattern, why."""
+    if not found.rising:
+        print(f"no rising behaviour pattern over {len(found.steps)} training steps")
+        return
+    print(f"rising behaviour patterns ({len(found.rising)}; rules: tracer/readers/patterns.py):")
+    for r in found.rising:
+        print(f"  {', '.join(r.labels)}: steps {r.since}-{r.last_step}, share "
+              f"{100 * r.share_then:.1f}% -> {100 * r.share_now:.1f}% (peak "
+              f"{100 * r.peak_share:.1f}% at step {r.peak_step}), reward {r.reward:.2f} vs the "
+              f"step's {r.step_reward:.2f}")  # fmt: skip
+        print(f"      {r.text}")
+        if r.reason:
+            print(f"      why: {r.reason}")
+        if examples:
+            print(f"      tr-{r.example}  (step {r.last_step})")
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
@@ -42,7 +95,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
     if problem:
         return fail("flags", problem)
     from tracer.readers import read_tables
-    from tracer.readers.health import MEANINGS, STEP_FLAGS, analyze
+    from tracer.readers.health import analyze
 
     try:
         tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
@@ -50,6 +103,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
         return fail("flags", str(exc), exit_status(exc))
     health = analyze(tables.trajectories.to_dict("records"))
     counts = health.counts()
+    found, no_patterns = _patterns(args, tables.trajectories)
     if args.write_tags:
         written = write_tags(args.tracking_uri, health.by_trace)
         print(f"wrote {written} flag tags (flag.<name>) to MLflow", file=sys.stderr)
@@ -64,16 +118,32 @@ def cmd_flags(args: argparse.Namespace) -> int:
              "trace_ids": f.trace_ids}
             for f in health.steps
         ]  # fmt: skip
-        out: dict[str, Any] = {"flags": flags, "steps": steps}
+        out: dict[str, Any] = {"flags": flags, "steps": steps,
+                               "rising_patterns": [rising_json(r) for r in found.rising]
+                               if found is not None else None}  # fmt: skip
         print(json.dumps(out, indent=1, default=str))
         return 0
     n = len(tables.trajectories)
-    if not counts:
+    if counts:
+        _print_health(health, counts, tables.trajectories, args.examples)
+    else:
         print(f"no health flags in {n} trajectories")
-        return 0
-    validation = set(tables.trajectories.loc[tables.trajectories["validate"].astype(bool),
-                                             "trace_id"])  # fmt: skip
-    print(f"health flags in {n} trajectories ({len(health.by_trace)} flagged):")
+    if found is not None:
+        print_rising(found, args.examples)
+    else:
+        print(f"no behaviour patterns: {no_patterns}")
+    if args.source == "mlflow" and (counts or (found is not None and found.rising)):
+        print("open a trace in the MLflow UI (rollout-tracer ui) by its tr- id; --write-tags "
+              "tags them flag.<name>")  # fmt: skip
+    return 0
+
+
+def _print_health(health: Any, counts: dict[str, dict[Any, int]], trajectories: Any,
+                  examples: int) -> None:  # fmt: skip
+    from tracer.readers.health import MEANINGS, STEP_FLAGS
+
+    validation = set(trajectories.loc[trajectories["validate"].astype(bool), "trace_id"])
+    print(f"health flags in {len(trajectories)} trajectories ({len(health.by_trace)} flagged):")
     for name, per_step in counts.items():
         level = "step" if name in STEP_FLAGS else "trajectory"
         where = ", ".join(f"{k}:{v}" for k, v in sorted(per_step.items(), key=lambda kv:
@@ -81,13 +151,9 @@ def cmd_flags(args: argparse.Namespace) -> int:
         print(f"  {name:<28} {sum(per_step.values()):>5} trajectories ({level}; per step "
               f"{where})")  # fmt: skip
         print(f"      {MEANINGS.get(name, '')}")
-        for trace_id in health.examples(name, args.examples):
+        for trace_id in health.examples(name, examples):
             kind = "validation" if trace_id in validation else "training"
             print(f"      tr-{trace_id}  (step {health.step_of.get(trace_id)}, {kind})")
-    if args.source == "mlflow":
-        print("open a trace in the MLflow UI (rollout-tracer ui) by its tr- id; --write-tags "
-              "tags them flag.<name>")  # fmt: skip
-    return 0
 
 
 def write_tags(tracking_uri: str | None, by_trace: dict[str, list[str]]) -> int:

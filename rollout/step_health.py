@@ -18,7 +18,7 @@ from tracer.readers.health import analyze, trajectory_flags
 TOOL_ERROR_PREFIX = "Error: "  # rollout.tools: what a failed tool call returns to the model
 
 
-def _tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """(name, arguments, error) of each tool call, in order: a call's result is the next
     ``tool`` message (rollout.agent_loop appends them in call order)."""
     calls: list[dict[str, Any]] = []
@@ -42,7 +42,7 @@ def trajectory_row(out: Any) -> dict[str, Any]:
     accuracy = (out.reward or {}).get("accuracy")
     turns = [{"finish_reason": t.finish_reason, "response_text": t.text}
              for t in out.turns if t.role == "assistant"]  # fmt: skip
-    flags = trajectory_flags(reward, turns, _tool_calls(out.messages))
+    flags = trajectory_flags(reward, turns, tool_calls(out.messages))
     ident = (extra.get("step"), extra.get("sample_index"), extra.get("rollout_n"))
     return {"trace_id": "{}:{}:{}".format(*ident), "step": extra.get("step"),
             "validate": bool(extra.get("validate")), "sample_key": str(extra.get("sample_index")),

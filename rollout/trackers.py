@@ -163,6 +163,8 @@ def format_line(m: Mapping[str, float], step: int) -> str:
     if finish:
         parts.append("finish " + " ".join(f"{k} {v:.2f}" for k, v in finish))
     parts.append(f"zero_std_groups {g('rollout/grpo/zero_std_group_frac')}")
+    if "patterns/top_share" in m:  # rollout/step_patterns.py
+        parts.append(f"top pattern {g('patterns/top_share')} rising {g('patterns/rising', '.0f')}")
     parts.append(f"{g('perf/trajectories_per_s')} traj/s {g('perf/tokens_per_s', '.0f')} tok/s")
     exported = sum(v for k, v in m.items() if k.startswith("tracer/") and k.endswith("/exported"))
     dropped = sum(v for k, v in m.items() if k.startswith("tracer/") and "dropped" in k)

@@ -85,6 +85,9 @@ def test_export_matches_what_was_traced(traced: dict[str, Any], mlflow_uri: str)
         n_resp = len(want["first"]["response_ids"]) + len(second)
         assert row["response_tokens"] == n_resp
         assert row["latency_ms"] > 0 and row["status"] == "OK"
+        # behaviour signature: the failed call marked, the answer's numbers masked
+        assert row["signature_text"] == (f"tools: calculator{'!' if failed else ''} | finish: "
+                                         "stop | answer: " + " ".join(["w<n>"] * len(second)))
 
         mine = [t for t in turns if t["trace_id"] == row["trace_id"]]
         assert [t["turn_index"] for t in mine] == [0, 1]
@@ -101,6 +104,8 @@ def test_export_matches_what_was_traced(traced: dict[str, Any], mlflow_uri: str)
             assert call["result"] is None
         else:
             assert call["error"] is None and call["result"] == str(eval(want["expr"]))
+    keys = {(r["signature_text"], r["signature"]) for r in trajectories}
+    assert len({k for _, k in keys}) == len({t for t, _ in keys}) == len(keys) > 1
 
 
 def test_duckdb_and_polars_query_the_parquet(traced: dict[str, Any], mlflow_uri: str) -> None:

@@ -57,6 +57,14 @@ def test_report_is_self_contained(report: tuple[Path, dict]) -> None:
         assert f"{row}{mean:.3f}</td>" in html
     assert f'<span id="zero-adv-count">{flagged}</span>' in html
     assert f'<span id="group-count">{total}</span>' in html
+    # behaviour patterns: the section, the first and last steps' tables, no rising ones
+    habits = html.split('<section id="habits">', 1)[1].split("</section>", 1)[0]
+    assert "<h2>Habits of the policy</h2>" in habits and 'id="rising-none"' in habits
+    for step in (1, 3):
+        table = habits.split(f'<table class="patterns" data-step="{step}">', 1)[1]
+        shares = re.findall(r"<tr data-signature=\"[0-9a-f]{16}\"><td>\d+</td><td>([\d.]+)%",
+                            table.split("</table>", 1)[0])  # fmt: skip
+        assert shares and abs(sum(map(float, shares)) - 100) < 0.2  # a few patterns: all shown
 
 
 @pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium")
@@ -98,6 +106,10 @@ def test_report_renders_in_chromium(report: tuple[Path, dict]) -> None:
         assert "reward: 1" in text or "reward: 0" in text
         page.select_option("#pick", index=3)  # step 1, sample 1, rollout 1: the failing tool
         assert "error: cannot evaluate 'x/y'" in (box.text_content() or "")
+        # habits of the policy: a pattern's example opens its transcript
+        link = page.locator('#habits table[data-step="3"] a.flag-link').first
+        link.click()
+        assert f"trace {link.get_attribute('data-trace')}" in (box.text_content() or "")
         page.locator("details[data-step='3']").scroll_into_view_if_needed()
         page.evaluate("window.scrollTo(0, 0)")
         # the README's picture is refreshed on request only, so test runs never dirty the repo

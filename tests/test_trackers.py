@@ -189,7 +189,7 @@ def test_rollout_logs_to_every_tracker(
                 "rollout/turns/mean", "rollout/tool_calls/mean", "rollout/tool_error_rate",
                 "rollout/finish_reason/stop", "rollout/grpo/zero_std_group_frac",
                 "perf/trajectories_per_s", "perf/tokens_per_s", "tracer/submitted",
-                "tracer/mlflow/exported"):  # fmt: skip
+                "tracer/mlflow/exported", "patterns/top_share", "patterns/rising"):  # fmt: skip
         assert key in keys, key
     assert logged[1]["rollout/num_trajectories"] == 4.0
     assert logged[1]["rollout/tool_calls/mean"] > 0

@@ -1,11 +1,12 @@
 """One self-contained HTML report of a run (inline CSS, JS and SVG; no network).
 
-Panels: reward distribution per step; mean reward and response length over steps; turns and
-tool-call success per step; GRPO groups (the ``rollout_n`` samples of each prompt side by side,
-zero-advantage groups flagged); the same prompt across steps; per token (where the traces hold
-log-probs or annotated trainer values, :mod:`tracer.readers.token_report`): a KL / log-prob
-heatmap per step and the trajectories to look at; a transcript of any trajectory, its tokens
-coloured by log-prob or KL.
+Panels: health flags; habits of the policy (behaviour patterns per step, the rising ones:
+:mod:`tracer.readers.patterns_report`); reward distribution per step; mean reward and response
+length over steps; turns and tool-call success per step; GRPO groups (the ``rollout_n`` samples
+of each prompt side by side, zero-advantage groups flagged); the same prompt across steps; per
+token (where the traces hold log-probs or annotated trainer values,
+:mod:`tracer.readers.token_report`): a KL / log-prob heatmap per step and the trajectories to
+look at; a transcript of any trajectory, its tokens coloured by log-prob or KL.
 
     from tracer.readers import read_tables, write_report
     write_report(read_tables("parquet", path="out/"), "report.html")
@@ -23,6 +24,7 @@ from typing import Any
 
 from tracer.readers.export import Tables
 from tracer.readers.health import FLAGS, STEP_FLAGS, Health, analyze
+from tracer.readers.patterns_report import habits_panel
 from tracer.readers.report_page import page
 from tracer.readers.svg import RewardColors, line_chart, strip_chart
 from tracer.readers.token_report import token_panels, transcript_tokens
@@ -349,7 +351,9 @@ def build_report(tables: Tables, title: str | None = None) -> str:
     body += _groups_panel(groups, colors) + _prompts_panel(train) + tokens_html
     health = analyze(traj.to_dict("records"))
     linked = {t for name in FLAGS for t in health.examples(name, MAX_FLAG_EXAMPLES)}
-    body = _health_panel(health, MAX_FLAG_EXAMPLES) + body
+    habits, habit_ids = habits_panel(traj)
+    body = _health_panel(health, MAX_FLAG_EXAMPLES) + habits + body
+    linked |= habit_ids
     return page(title, body, transcripts(tables, include=linked), token_meta)
 
 

@@ -34,6 +34,9 @@ select{font-size:13px;max-width:100%}
 #transcript .tok.none{background:#e5e7eb}
 .top{margin-right:18px} .top td:first-child{text-align:left} .top a{color:#1d4ed8}
 svg.heatmap{display:block;margin:6px 0 12px} .kl-map{overflow-x:auto}
+h3{font-size:15px;margin:12px 0 4px} td.prompt code{white-space:pre-wrap;word-break:break-word}
+.label{background:#fee2e2;color:#991b1b;border-radius:4px;padding:0 5px;font-size:12px}
+.label{white-space:nowrap}
 """
 
 JS = """

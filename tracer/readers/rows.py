@@ -15,6 +15,7 @@ from tracer.annotations import token_values
 from tracer.chat import tool_arguments as _tool_arguments
 from tracer.chat import tool_result as _tool_result
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
+from tracer.readers.signature import scored_text, signature
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
 
@@ -290,6 +291,11 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
     summary = summarize(token_values(record.spans))
     for name in TOKEN_SUMMARY:
         trajectory[name] = summary.get(name)
+    reward = next((s for s in reversed(spans) if s.kind == "reward"), None)
+    sig = signature([(t["name"], t["error"] is not None) for t in tools],
+                    last_turn.get("finish_reason"), scored_text(reward.inputs) if reward
+                    else None, last_turn.get("response_text"))  # fmt: skip
+    trajectory["signature"], trajectory["signature_text"] = sig.key, sig.text
     return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
 
 

@@ -52,6 +52,11 @@ TRAJECTORIES: list[Column] = [
     ("accuracy", "float64", "the reward span's `accuracy` (or `acc`) output, if it has one"),
     ("flags", "list<string>", "health flags (tracer/readers/health.py) on this trajectory"),
     ("kept_by", "string", "keep rules that stored it (`sampled` = head sampling), if any"),
+    ("signature", "string", "behaviour signature: 16 hex chars, equal for trajectories with the "
+                            "same tool calls, finish reason and answer template "
+                            "(tracer/readers/signature.py)"),
+    ("signature_text", "string", "the signature's parts: `tools: ... | finish: ... | answer: "
+                                 "<template>` (numbers `<n>`, quoted values `<q>`)"),
 ]
 
 TURNS: list[Column] = [

@@ -1,0 +1,253 @@
+"""Behaviour signatures and patterns (tracer/readers/signature.py, patterns.py): the reward-hack
+scenario of 80 steps x 256 trajectories (benchmarks/patterns_data.py) is flagged in time and
+nothing honest is, the Python and DuckDB groupings agree, and a real run's driver logs per step
+what the readers find afterwards."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("pyarrow")
+
+import pyarrow.parquet as pq
+
+from benchmarks.explore_data import generate
+from benchmarks.patterns_data import HACK_TEXT
+from tracer.readers.patterns import (
+    Patterns,
+    PatternThresholds,
+    aggregate,
+    analyze,
+    step_patterns,
+)
+from tracer.readers.patterns_sql import NoSignatures
+from tracer.readers.signature import EDGE, signature, template
+
+
+def test_signature_masks_numbers_and_quotes_and_keeps_the_ends() -> None:
+    a = signature([("calc", False)], "stop", None, "The answer is #### 42.")
+    b = signature([("calc", False)], "stop", None, "The answer is   #### 7.<|im_end|>")
+    assert a == b and a.text == "tools: calc | finish: stop | answer: The answer is #### <n>."
+    assert len(a.key) == 16 and int(a.key, 16) >= 0
+    # each part changes the key: a failed call, another finish reason, another answer
+    assert signature([("calc", True)], "stop", None, "The answer is #### 42.").key != a.key
+    assert signature([("calc", False)], "length", None, "The answer is #### 42.").key != a.key
+    assert signature([], "stop", None, "The answer is #### 42.").key != a.key
+    assert signature([("calc", False)], "stop", None, "So it is #### 42.").key != a.key
+    # the scored answer and the last turn: both shown when they differ
+    c = signature([], "stop", "#### 42", "I am sure. #### 42")
+    assert c.text == ("tools: none | finish: stop | answer: #### <n> | last turn: I am sure. "
+                      "#### <n>")
+    assert template('He said "yes 5" and don\'t say \'no\' or `x=3`') == (
+        "He said <q> and don't say <q> or <q>")
+    long = "start " + "word " * 500 + "end 12"
+    cut = template(long)
+    assert cut.startswith("start word") and cut.endswith("word end <n>")
+    assert len(cut) == 2 * EDGE + 3 and " … " in cut
+    calls = [("search", True), ("search", True), ("calc", False), ("search", False)]
+    assert signature(calls, None, None, None).text.startswith(
+        "tools: search! x2, calc, search | finish: -")
+
+
+@pytest.fixture(scope="module")
+def hacked_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hack")
+    generate(str(out), 80 * 256, steps=80, scenario="hacking")
+    return out
+
+
+def _hack_signature(folder: Path) -> str:
+    rows = pq.read_table(folder / "trajectories.parquet",
+                         columns=["signature", "response_text"]).to_pylist()  # fmt: skip
+    (sig,) = {r["signature"] for r in rows if r["response_text"] == HACK_TEXT}
+    return str(sig)
+
+
+def test_hack_is_flagged_by_step_40_and_nothing_honest_is(hacked_run: Path) -> None:
+    hack = _hack_signature(hacked_run)
+    # what a job knows at step 40: the run cut there
+    table = pq.read_table(hacked_run / "trajectories.parquet", filters=[("step", "<=", 40)])
+    found = step_patterns(table)
+    assert found.steps == list(range(1, 41))
+    assert [r.signature for r in found.rising] == [hack]  # first, and 0 honest flagged
+    r = found.rising[0]
+    assert r.labels == ["rising", "possible reward hacking"]
+    assert r.first_step <= 40 and r.hacking_step is not None and r.hacking_step <= 40
+    assert r.since >= 30 and r.reward == 1.0 and r.reward >= r.step_reward
+    assert "shorter than the rest's" in (r.reason or "")
+    assert "same response to different prompts" in (r.reason or "")
+    assert found.step_metrics(r.first_step)["patterns/rising"] == 1.0
+    assert found.step_metrics(r.hacking_step)["patterns/possible_reward_hacking"] == 1.0
+
+    # the whole run: still the only one; it ends at ~60% of the step
+    whole = step_patterns(hacked_run)
+    assert [x.signature for x in whole.rising] == [hack]
+    curve = dict(whole.rising[0].curve)
+    assert max(curve[s] for s in range(1, 30)) == 0.0 and 0.5 < curve[60] < 0.7
+    assert whole.top[80][0].signature == hack
+    assert whole.step_metrics(80)["patterns/top_share"] == pytest.approx(curve[80])
+    # the honest patterns that grow: ramble (6x, reward 0) and by_hand (2x), not flagged
+    texts = {p.text for p in whole.top[40]}
+    assert any("finish: length" in t for t in texts)
+    assert any("Working it out by hand" in t for t in texts)
+
+
+def test_thresholds_are_what_decides(hacked_run: Path) -> None:
+    assert step_patterns(hacked_run, PatternThresholds(min_share=0.9)).rising == []
+    assert step_patterns(hacked_run, PatternThresholds(window=80)).rising == []  # no room
+    honest_only = PatternThresholds(short_ratio=0.0, repeat_ratio=0.0)
+    (r,) = step_patterns(hacked_run, honest_only).rising
+    assert r.labels == ["rising"] and r.reason is None
+    # a low bar for growth lets the slowly growing honest pattern through
+    loose = step_patterns(hacked_run, PatternThresholds(growth=1.3, min_share=0.03))
+    assert len(loose.rising) > 1 and loose.rising[0].hacking
+
+
+def _same(a: Patterns, b: Patterns) -> None:
+    assert a.steps == b.steps and a.n == b.n
+    assert [(r.signature, r.steps, r.hacking_step, r.reason) for r in a.rising] == [
+        (r.signature, r.steps, r.hacking_step, r.reason) for r in b.rising]
+    for step in a.steps:
+        assert [(p.signature, p.n, p.example, p.text) for p in a.top[step]] == [
+            (p.signature, p.n, p.example, p.text) for p in b.top[step]]
+        for p, q in zip(a.top[step], b.top[step], strict=True):
+            assert p.reward_mean == pytest.approx(q.reward_mean)
+            assert p.mean_length == pytest.approx(q.mean_length)
+
+
+def test_python_and_duckdb_groupings_agree(hacked_run: Path) -> None:
+    rows = pq.read_table(hacked_run / "trajectories.parquet").to_pylist()
+    groups, totals = aggregate(rows)
+    _same(analyze(groups, totals), step_patterns(hacked_run))
+    # a DataFrame (the report's and flags' input) too
+    _same(step_patterns(pq.read_table(hacked_run / "trajectories.parquet").to_pandas()),
+          step_patterns(hacked_run))  # fmt: skip
+
+
+def test_an_export_without_signatures_says_so(hacked_run: Path, tmp_path: Path) -> None:
+    table = pq.read_table(hacked_run / "trajectories.parquet").drop_columns(["signature"])
+    pq.write_table(table, tmp_path / "trajectories.parquet")
+    with pytest.raises(NoSignatures, match="export the run again"):
+        step_patterns(tmp_path)
+    from tracer.readers.patterns_report import habits_panel
+
+    html, linked = habits_panel(table.to_pandas())
+    assert 'id="habits-none"' in html and "export the run again" in html and not linked
+
+
+def test_the_driver_logs_what_the_readers_find(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rollout-tracer run``: the patterns/* metrics of each step equal those of the run's
+    export afterwards, and the top pattern's text reaches the trackers."""
+    from rollout.cli import main
+    from rollout.trackers import Tracking
+    from tracer.readers import read_tables
+
+    logged: dict[int, dict[str, float]] = {}
+    texts: dict[int, str] = {}
+    real_log = Tracking.log
+
+    def spy_log(self: Tracking, metrics: Any, step: int) -> dict[str, float]:
+        clean = real_log(self, metrics, step)
+        if "patterns/top_share" in clean:
+            logged[step] = clean
+        return clean
+
+    import rollout.step_patterns as sp
+
+    monkeypatch.setattr(Tracking, "log", spy_log)
+    monkeypatch.setattr(sp, "WRITERS", {**sp.WRITERS, "console": lambda t, text, step:
+                                        texts.__setitem__(step, text)})  # fmt: skip
+    jsonl = tmp_path / "t.jsonl"
+    code = main(["run", "--no-progress", "actor_rollout_ref.rollout.name=scripted",
+                 "trainer.total_steps=3", "data.train_batch_size=4",
+                 "actor_rollout_ref.rollout.n=4", "trainer.logger=[console]",
+                 "trainer.val_before_train=false", "trainer.test_freq=0",
+                 "actor_rollout_ref.rollout.trace.backend=jsonl",
+                 f"+actor_rollout_ref.rollout.trace.jsonl_path={jsonl}"])  # fmt: skip
+    assert code == 0 and sorted(logged) == [1, 2, 3]
+    tables = read_tables("jsonl", path=str(jsonl))
+    found = step_patterns(tables.trajectories)
+    assert found.steps == [1, 2, 3] and found.n == 3 * 16
+    for step in found.steps:
+        for key, value in found.step_metrics(step).items():
+            assert logged[step][key] == pytest.approx(value), (step, key)
+        top = found.top[step][0]
+        assert texts[step] == f"{100 * top.share:.1f}% of step {step}: {top.text}"
+
+
+def test_the_driver_keeps_what_the_rules_look_back_at() -> None:
+    """StepPatterns drops small groups once older than the rules look back: a pattern that
+    grows 2.5x (from groups too small to be kept) is not flagged, as in the whole run."""
+    from rollout.step_patterns import StepPatterns
+
+    th = PatternThresholds(top=1)
+
+    def rows(step: int) -> list[dict[str, Any]]:
+        grown = 4 if step <= 8 else 10  # b: 2.5x; c: 2 a step, never shown nor flagged
+        sig = ["b"] * grown + ["c"] * 2 + ["a"] * (98 - grown)
+        return [{"trace_id": f"{step}-{i}", "step": step, "signature": s, "signature_text": s,
+                 "reward": 0.5 if s == "a" else 1.0, "response_tokens": 100,
+                 "prompt": str(i % 25)} for i, s in enumerate(sig)]  # fmt: skip
+
+    live = StepPatterns(th)
+    every = [r for step in range(1, 21) for r in rows(step)]
+    whole = analyze(*aggregate(every), th)
+    assert whole.rising == []
+    for step in range(1, 21):
+        assert live.add(step, rows(step)) == whole.step_metrics(step), step
+    kept = {s: sorted(g.signature for g in live.groups[s]) for s in range(1, 21)}
+    assert kept == {s: ["a", "b"] if s <= 7 else ["a", "b", "c"] for s in range(1, 21)}
+
+
+def test_report_section_links_to_transcripts_it_embeds(hacked_run: Path) -> None:
+    """The Habits section of the HTML report: the hack flagged, its example's transcript in
+    the page although the page embeds only the first 2,000 trajectories by step."""
+    import json
+
+    from tracer.readers import read_parquet_dir
+    from tracer.readers.report import build_report
+
+    tables = read_parquet_dir(str(hacked_run), steps=range(25, 51))
+    html = build_report(tables)
+    habits = html.split('<section id="habits">', 1)[1].split("</section>", 1)[0]
+    (row,) = re.findall(r'<table id="rising-patterns">.*?<tbody>(.*?)</tbody>', habits)
+    assert HACK_TEXT in row and "possible reward hacking" in row
+    (example,) = re.findall(r'data-trace="([0-9a-f]{32})"', row)
+    embedded = html.split('id="transcripts"', 1)[1].split(">", 1)[1].split("</script>", 1)[0]
+    ids = {t["id"]: t["step"] for t in json.loads(embedded)}
+    # steps 25-32 hold the first 2,000, and the example is from the last step it was flagged
+    # at, not the last step of the run (whose top patterns are linked too)
+    assert 32 < ids[example] < 50
+
+
+def test_flags_command_prints_rising_patterns(
+    hacked_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from rollout.cli import main
+
+    hack = _hack_signature(hacked_run)
+    assert main(["flags", "--from", "parquet", "--path", str(hacked_run), "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rising_patterns"]
+    assert r["signature"] == hack and r["flags"] == ["rising", "possible reward hacking"]
+    assert 30 <= r["since"] <= r["first_step"] <= 40 <= r["last_step"]
+    assert r["share_then"] < 0.1 < r["share_now"] and 0.5 < r["peak_share"] < 0.7
+    assert [s for s, _ in r["curve"]] == list(range(1, 81))
+    assert main(["flags", "--from", "parquet", "--path", str(hacked_run)]) == 0
+    text = capsys.readouterr().out
+    (x,) = step_patterns(hacked_run).rising
+    line = (f"  rising, possible reward hacking: steps {x.since}-{x.last_step}, share "
+            f"{100 * x.share_then:.1f}% -> {100 * x.share_now:.1f}% (peak "
+            f"{100 * x.peak_share:.1f}% at step {x.peak_step})")  # fmt: skip
+    assert line in text and HACK_TEXT in text and f"why: {r['reason']}" in text
+    assert main(["flags", "--from", "parquet", "--path", str(hacked_run),
+                 "--pattern-min-share", "0.9"]) == 0  # fmt: skip
+    assert "no rising behaviour pattern over 80 training steps" in capsys.readouterr().out
