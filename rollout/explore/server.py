@@ -22,12 +22,19 @@
 Every endpoint takes ``run=<name>`` (default: the first). Errors are JSON ``{"error": ...}``
 with status 400 (bad input), 404 (unknown run or id) or 503 (index still building); an
 unexpected failure is a 500 with its message, and the server keeps serving.
+
+Only this machine reads a run unless told otherwise: a request whose ``Host`` is not
+127.0.0.1, localhost, [::1] or a name the server was given (any port), or whose ``Origin`` is
+not the explorer's own, gets 403. A page on another site that rebinds its domain to 127.0.0.1
+(DNS rebinding) sends its own domain as ``Host``, so it cannot read a prompt or a response.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -46,6 +53,7 @@ log = logging.getLogger(__name__)
 MAX_PAGE_SIZE = 500
 MAX_PAGE = 1_000_000
 MAX_URL = 8192
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class Explorer:
@@ -195,8 +203,28 @@ def page_html() -> bytes:
     return resources.files("rollout.explore").joinpath("static/explore.html").read_bytes()
 
 
+def host_name(value: str) -> str:
+    """The host of a ``Host`` header or an origin's authority, without its port, lower case
+    (``[::1]:8765`` -> ``::1``)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only."""
+    if host_name(host) == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host_name(host)).is_loopback
+    except ValueError:
+        return False
+
+
 class Handler(BaseHTTPRequestHandler):
     explorer: Explorer
+    allowed_hosts: frozenset[str] = LOOPBACK_NAMES
     server_version = "rollout-tracer-explore"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -216,7 +244,22 @@ class Handler(BaseHTTPRequestHandler):
         body = orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS)
         self._send(status, body, "application/json; charset=utf-8")
 
+    def _foreign(self) -> str | None:
+        """Why the request is refused (a Host or Origin not this explorer's), or None."""
+        host = self.headers.get("Host")
+        if host is None or host_name(host) not in self.allowed_hosts:
+            return (f"Host {host!r} is not one this explorer serves "
+                    f"({', '.join(sorted(self.allowed_hosts))}; see --allow-host)")  # fmt: skip
+        origin = self.headers.get("Origin")
+        if origin is not None and origin.lower() != f"http://{host.strip().lower()}":
+            return f"Origin {origin!r} is not this explorer's (http://{host})"
+        return None
+
     def do_GET(self) -> None:
+        refused = self._foreign()
+        if refused:
+            self._json(403, {"error": refused})
+            return
         if len(self.path) > MAX_URL:
             self._json(414, {"error": f"URL longer than {MAX_URL} characters"})
             return
@@ -236,17 +279,33 @@ class Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
 
     def _read_only(self) -> None:
-        self._json(405, {"error": "read-only: only GET is served"})
+        refused = self._foreign()
+        if refused:
+            self._json(403, {"error": refused})
+        else:
+            self._json(405, {"error": "read-only: only GET is served"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
 
 
-def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """A server bound to ``host:port`` (0: any free port); call ``serve_forever``."""
-    handler = type("ExploreHandler", (Handler,), {"explorer": explorer})
-    server = ThreadingHTTPServer((host, port), handler)
+def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 0,
+                allow_hosts: tuple[str, ...] = ()) -> ThreadingHTTPServer:  # fmt: skip
+    """A server bound to ``host:port`` (0: any free port); call ``serve_forever``. It answers
+    requests whose Host is a loopback name, ``host`` itself (unless a wildcard such as 0.0.0.0)
+    or one of ``allow_hosts``."""
+    names = set(LOOPBACK_NAMES) | {host_name(h) for h in allow_hosts}
+    if host_name(host) not in ("0.0.0.0", "::", ""):
+        names.add(host_name(host))
+    handler = type("ExploreHandler", (Handler,), {"explorer": explorer,
+                                                  "allowed_hosts": frozenset(names)})
+    cls = _Server6 if ":" in host else ThreadingHTTPServer
+    server = cls((host, port), handler)
     server.daemon_threads = True
     return server
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
 
 
 def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:
