@@ -33,6 +33,13 @@ def serving(runs: list[tuple[str, Path]], cache: Path, search: int = 1,
         explorer.indexes = {name: SearchIndex(str(path), str(cache))
                             for name, path in runs[:search]}  # fmt: skip
         explorer.build_indexes(cache_dir=str(cache))
+    with served(explorer, host) as base:
+        yield base
+
+
+@contextmanager
+def served(explorer: Explorer, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve ``explorer`` on ``host`` (a free port); yields the base URL."""
     server = make_server(explorer, host, 0)
     serve_in_thread(server)
     try:

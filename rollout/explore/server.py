@@ -8,7 +8,12 @@
                                        rollout/explore/filters.py)
     GET /api/search?q=timeout&in=result&step=3&page=0&size=20
                                        hits in prompts, responses, tool arguments and results,
-                                       with the highlighted fragment
+                                       with the highlighted fragment; while the index is built
+                                       (or when it failed), a bounded scan's hits, marked
+                                       ``partial`` (rollout/explore/scan.py)
+    GET /api/status                    per run: the search index (waiting, building with its
+                                       percent, ready, failed and why, off) and the compacted
+                                       copy (waiting, building, done, failed and why, off)
     GET /api/trajectory?id=<trace_id>&step=3
                                        one trajectory: row, turns, tool calls, per-token values
                                        (step is optional: it makes the lookup read one step)
@@ -46,6 +51,7 @@ import orjson
 from rollout.explore import across
 from rollout.explore.cache import prune_folder
 from rollout.explore.filters import ApiError, parse_int
+from rollout.explore.scan import SCAN_SECONDS, scan
 from rollout.explore.search import SearchIndex
 from rollout.explore.store import KEEP_COMPACTED, Store
 
@@ -63,15 +69,22 @@ class Explorer:
         self.store = store
         self.indexes = indexes or {}
         self.index_errors: dict[str, str] = {}
+        # per run: off (no cache folder), waiting, building, done, or "failed: why"
+        self.compaction: dict[str, str] = dict.fromkeys(store.runs, "off")
+        self.scan_seconds = SCAN_SECONDS
 
     def build_indexes(self, progress: Any = None, cache_dir: str | None = None) -> None:
         """Once per export, in the background: the compacted tables (``cache_dir``), then
         the search indexes."""
         if cache_dir:
+            self.compaction = dict.fromkeys(self.store.runs, "waiting")
             for name in list(self.store.runs):
+                self.compaction[name] = "building"
                 try:
                     self.store.compact(name, cache_dir)
+                    self.compaction[name] = "done"
                 except Exception as exc:  # the original files keep serving
+                    self.compaction[name] = f"failed: {type(exc).__name__}: {exc}"
                     if self.store.stop.is_set():
                         return
                     log.warning("compacting run %s failed: %s", name, exc)
@@ -114,6 +127,28 @@ class Explorer:
             r["index"] = idx.info if idx and idx.ready() else None
         return {"runs": runs}
 
+    def _status(self, q: dict[str, list[str]]) -> Any:
+        """What the background work has reached, for the page's header (it polls this)."""
+        out: list[dict[str, Any]] = []
+        for name in self.store.runs:
+            state, _, why = self.compaction.get(name, "off").partition(": ")
+            out.append({"name": name, "search": self._search_state(name),
+                        "compaction": {"state": state, "error": why or None}})  # fmt: skip
+        done = all(r["search"]["state"] in ("ready", "failed", "off")
+                   and r["compaction"]["state"] in ("done", "failed", "off") for r in out)
+        return {"runs": out, "settled": done}
+
+    def _search_state(self, name: str) -> dict[str, Any]:
+        idx = self.indexes.get(name)
+        if name in self.index_errors:
+            return {"state": "failed", "percent": None, "error": self.index_errors[name]}
+        if idx is None:
+            return {"state": "off", "percent": None, "error": None}
+        if idx.ready():
+            return {"state": "ready", "percent": 100, "error": None}
+        return {"state": "building" if idx.docs_expected else "waiting",
+                "percent": idx.percent(), "error": None}  # fmt: skip
+
     def _list(self, q: dict[str, list[str]]) -> Any:
         return self.store.list_page(q, _one(q, "run"), parse_int(q, "page", 0, 0, MAX_PAGE),
                                parse_int(q, "size", 50, 1, MAX_PAGE_SIZE), _one(q, "sort"),
@@ -122,14 +157,22 @@ class Explorer:
     def _search(self, q: dict[str, list[str]]) -> Any:
         run = _one(q, "run") or next(iter(self.store.runs))
         self.store.table(run, "trajectories")  # unknown run -> 404
-        if run in self.index_errors:
-            raise ApiError(f"search is unavailable: {self.index_errors[run]}", 503)
         index = self.indexes.get(run)
         if index is None:
             raise ApiError("search is off (started with --no-search)", 503)
         step = parse_int(q, "step", -1, -(2**62), 2**62) if _one(q, "step") else None
-        return index.search(_one(q, "q") or "", parse_int(q, "page", 0, 0, 10_000),
-                            parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
+        args = (_one(q, "q") or "", parse_int(q, "page", 0, 0, 10_000),
+                parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
+        if index.ready():
+            return index.search(*args)
+        # the index is being built, or failed: a bounded scan answers meanwhile
+        text, page, size, kind, step = args
+        index.check(text, kind)
+        out = scan(self.store, run, text.strip(), page, size, kind, step, self.scan_seconds)
+        state = self._search_state(run)
+        out["index"] = {"failed": f"failed: {state['error']}", "waiting": "waiting to build",
+                        "building": f"building ({state['percent']} %)"}[state["state"]]
+        return out
 
     def _trajectory(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
@@ -189,6 +232,7 @@ _LIST = {"page", "size", "sort", "cols", "hist", "step", "reward", "validate", "
          "name", "trace_id", "flag", "tool_errors", "f"}  # fmt: skip
 ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/runs": (Explorer._runs, set()),
+    "/api/status": (Explorer._status, set()),
     "/api/list": (Explorer._list, _LIST),
     "/api/search": (Explorer._search, {"q", "in", "step", "page", "size"}),
     "/api/trajectory": (Explorer._trajectory, {"id", "step"}),
