@@ -21,7 +21,9 @@ import threading
 import time
 from typing import Any
 
-from rollout.export_cli import _add_source_args, _source_kwargs
+from rollout.export_cli import _add_source_args, _source_kwargs, missing_extra
+
+SEARCH_OFF = "search is off (started with --no-search)"
 
 
 def configure_explore(p: argparse.ArgumentParser) -> None:
@@ -128,7 +130,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from rollout.explore.store import Store
 
     t0 = time.perf_counter()
-    problem = _check_host(args)
+    problem = _check_host(args) or missing_extra(("duckdb", "pyarrow"), "explore")
     if problem:
         print(f"rollout-tracer explore: error: {problem}", file=sys.stderr)
         return 2
@@ -141,8 +143,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
         print(f"rollout-tracer explore: error: {exc}", file=sys.stderr)
         return 2
     explorer = server.RequestHandlerClass.explorer  # type: ignore[attr-defined]
-    if not args.no_search:
+    explorer.search_off = SEARCH_OFF if args.no_search else missing_extra(("tantivy",), "explore")
+    if explorer.search_off is None:
         explorer.indexes = {r.name: SearchIndex(r.path, cache) for r in runs}
+    elif not args.no_search:
+        print(f"rollout-tracer explore: search is off: {explorer.search_off}", file=sys.stderr)
     workers = [threading.Thread(target=_build_indexes, args=(explorer, cache), daemon=True)]
     if exported and args.refresh > 0:
         workers.append(threading.Thread(target=_refresh_loop, daemon=True,

@@ -108,7 +108,11 @@ class SearchIndex:
                       stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
         """Open the index, building it first if this export has none yet (``stop`` ends a
         build early: InterruptedError)."""
-        import tantivy
+        try:
+            import tantivy
+        except ImportError:  # one line in the log and the header, not a traceback
+            raise RuntimeError("tantivy is not installed: pip install "
+                               "'rollout-tracer[explore]'") from None  # fmt: skip
 
         meta = os.path.join(self.dir, "built.json")
         if not os.path.exists(meta):

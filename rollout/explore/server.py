@@ -69,6 +69,8 @@ class Explorer:
         self.store = store
         self.indexes = indexes or {}
         self.index_errors: dict[str, str] = {}
+        # why runs without an index have none: --no-search, or tantivy is not installed
+        self.search_off: str | None = "search is off (no index was given)"
         # per run: off (no cache folder), waiting, building, done, or "failed: why"
         self.compaction: dict[str, str] = dict.fromkeys(store.runs, "off")
         self.scan_seconds = SCAN_SECONDS
@@ -143,7 +145,7 @@ class Explorer:
         if name in self.index_errors:
             return {"state": "failed", "percent": None, "error": self.index_errors[name]}
         if idx is None:
-            return {"state": "off", "percent": None, "error": None}
+            return {"state": "off", "percent": None, "error": self.search_off}
         if idx.ready():
             return {"state": "ready", "percent": 100, "error": None}
         return {"state": "building" if idx.docs_expected else "waiting",
@@ -159,7 +161,7 @@ class Explorer:
         self.store.table(run, "trajectories")  # unknown run -> 404
         index = self.indexes.get(run)
         if index is None:
-            raise ApiError("search is off (started with --no-search)", 503)
+            raise ApiError(self.search_off or "search is off", 503)
         step = parse_int(q, "step", -1, -(2**62), 2**62) if _one(q, "step") else None
         args = (_one(q, "q") or "", parse_int(q, "page", 0, 0, 10_000),
                 parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
