@@ -14,6 +14,7 @@ that matches nothing with status 1, and neither creates nor changes a file.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
@@ -141,6 +142,16 @@ def fail(command: str, message: str, status: int = 2) -> int:
     return status
 
 
+def missing_extra(modules: tuple[str, ...], extra: str) -> str | None:
+    """None when every module imports; else one line that names the install command."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return f"{name} is not installed: pip install 'rollout-tracer[{extra}]'"
+    return None
+
+
 def read_errors() -> tuple[type[BaseException], ...]:
     """What a reader raises for a wrong source or selection (the rest are bugs: traceback)."""
     from tracer.readers.selection import NoTrajectories
@@ -174,6 +185,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     except read_errors() as exc:
         bar.close()
         return fail("export", str(exc), exit_status(exc))
+    except ImportError as exc:  # Parquet needs pyarrow: imported once the source has answered
+        bar.close()
+        name = (exc.name or "").split(".")[0]
+        if name not in ("pyarrow", "pandas"):
+            raise
+        return fail("export", f"{name} is not installed: pip install 'rollout-tracer[export]'")
     bar.close()
     rows = ", ".join(f"{n} {name}" for name, n in summary.rows.items())
     print(f"exported {rows} in {summary.pages} pages, {time.perf_counter() - t0:.1f} s:")

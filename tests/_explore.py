@@ -23,8 +23,9 @@ def make_export(folder: Path, n: int, seed: int = 0, tokens_per_turn: int = 4) -
 
 
 @contextmanager
-def serving(runs: list[tuple[str, Path]], cache: Path, search: int = 1) -> Iterator[str]:
-    """Serve the export folders on 127.0.0.1 (a free port), the first ``search`` of them with
+def serving(runs: list[tuple[str, Path]], cache: Path, search: int = 1,
+            host: str = "127.0.0.1") -> Iterator[str]:  # fmt: skip
+    """Serve the export folders on ``host`` (a free port), the first ``search`` of them with
     a search index; yields the base URL."""
     store = Store([Run(name, str(path), set()) for name, path in runs])
     explorer = Explorer(store)
@@ -32,10 +33,17 @@ def serving(runs: list[tuple[str, Path]], cache: Path, search: int = 1) -> Itera
         explorer.indexes = {name: SearchIndex(str(path), str(cache))
                             for name, path in runs[:search]}  # fmt: skip
         explorer.build_indexes(cache_dir=str(cache))
-    server = make_server(explorer, "127.0.0.1", 0)
+    with served(explorer, host) as base:
+        yield base
+
+
+@contextmanager
+def served(explorer: Explorer, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve ``explorer`` on ``host`` (a free port); yields the base URL."""
+    server = make_server(explorer, host, 0)
     serve_in_thread(server)
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        yield f"http://{'[' + host + ']' if ':' in host else host}:{server.server_address[1]}/"
     finally:
         server.shutdown()
         server.server_close()

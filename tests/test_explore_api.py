@@ -203,3 +203,104 @@ def test_read_only_and_unknown_endpoints(served: dict[str, Any]) -> None:
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "no network resources"
     assert "fetch(\"http" not in html and "import " not in html
 
+
+
+def _raw(base: str, path: str, headers: dict[str, str]) -> tuple[int, Any]:
+    """GET with these headers exactly (``Host`` included, which urllib would set itself)."""
+    import http.client
+    import json
+    from urllib.parse import urlparse
+
+    url = urlparse(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.putrequest("GET", "/" + path, skip_host=True, skip_accept_encoding=True)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        r = conn.getresponse()
+        body = r.read()
+        return r.status, json.loads(body) if path.startswith("api/") else body
+    finally:
+        conn.close()
+
+
+def test_only_this_machines_names_are_answered(served: dict[str, Any]) -> None:
+    """DNS rebinding: a page on attacker.example whose name now points at 127.0.0.1 sends its
+    own name as Host, and a cross-site fetch carries its Origin: both are refused."""
+    base = served["base"]
+    port = base.rsplit(":", 1)[1].strip("/")
+    for host in ("127.0.0.1", "localhost", "[::1]", "LOCALHOST"):
+        for h in (f"{host}:{port}", host):
+            status, body = _raw(base, "api/list?size=1", {"Host": h})
+            assert status == 200 and body["total"] == N, (h, body)
+    for host in (f"attacker.example:{port}", "attacker.example", "127.0.0.1.attacker.example",
+                 f"192.168.1.7:{port}", ""):  # fmt: skip
+        status, body = _raw(base, "api/list?size=1", {"Host": host})
+        assert status == 403 and "is not one this explorer serves" in body["error"], host
+        assert "rows" not in body
+    status, page = _raw(base, "", {"Host": f"attacker.example:{port}"})
+    assert status == 403 and b"<script>" not in page  # not even the page
+    assert _raw(base, "api/list?size=1", {})[0] == 403  # HTTP/1.0 without a Host
+    own = {"Host": f"127.0.0.1:{port}"}
+    assert _raw(base, "api/list?size=1", {**own, "Origin": f"http://127.0.0.1:{port}"})[0] == 200
+    for origin in ("http://attacker.example", f"http://localhost:{port}", "null",
+                   f"https://127.0.0.1:{port}", f"http://127.0.0.1:{int(port) + 1}"):  # fmt: skip
+        status, body = _raw(base, "api/list?size=1", {**own, "Origin": origin})
+        assert status == 403 and "is not this explorer's" in body["error"], origin
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine (the Host "
+                    "[::1] is checked over 127.0.0.1 above)")  # fmt: skip
+def test_served_on_ipv6_loopback(tmp_path: Any) -> None:
+    folder = make_export(tmp_path / "run", 20, seed=4)
+    with serving([("run", folder)], tmp_path / "cache", search=0, host="::1") as base:
+        assert base.startswith("http://[::1]:")
+        status, body = get(base, "api/list", size=1)
+        assert status == 200 and body["total"] == 20
+        port = base.rsplit(":", 1)[1].strip("/")
+        assert _raw(base, "api/list?size=1", {"Host": f"evil.example:{port}"})[0] == 403
+
+
+def test_a_network_host_needs_allow_host(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    folder = make_export(tmp_path / "run", 10, seed=4)
+    # a subprocess with a deadline: were the check gone, the command would serve forever
+    done = subprocess.run([sys.executable, "-m", "rollout.cli", "explore", "--from", "parquet",
+                           "--path", str(folder), "--host", "0.0.0.0", "--port", "0",
+                           "--no-search", "--cache-dir", str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "readable by anyone on the network" in done.stderr
+    assert "needs --allow-host NAME" in done.stderr
+    assert "Traceback" not in done.stderr and "http://" not in done.stdout
+
+
+def test_allow_host_adds_names(tmp_path: Any) -> None:
+    from rollout.explore.server import Explorer, make_server, serve_in_thread
+    from rollout.explore.store import Run, Store
+
+    folder = make_export(tmp_path / "run", 10, seed=4)
+    server = make_server(Explorer(Store([Run("run", str(folder), set())])), "127.0.0.1", 0,
+                         allow_hosts=("mybox.lan",))  # fmt: skip
+    serve_in_thread(server)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        assert _raw(base, "api/list?size=1", {"Host": "mybox.lan:1"})[0] == 200
+        assert _raw(base, "api/list?size=1", {"Host": "otherbox.lan"})[0] == 403
+    finally:
+        server.shutdown()
+        server.server_close()

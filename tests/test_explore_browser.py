@@ -150,3 +150,73 @@ def test_steps_chart_filters_the_table(app: dict[str, Any]) -> None:
     _ready(page)
     want = sum(1 for r in app["rows"] if r["step"] == 2 and not r["validate"])
     assert page.locator("#count b").inner_text().replace(",", "") == str(want)
+
+
+def test_search_before_and_after_the_index(app: dict[str, Any], tmp_path: Any) -> None:
+    """A search typed before the index exists is answered by a scan (marked partial); the
+    header follows the build to ready without a reload; the same search clicked again runs
+    again (the URL does not change) and the index answers it."""
+    import threading
+
+    from rollout.explore.search import SearchIndex
+    from rollout.explore.server import Explorer
+    from rollout.explore.store import Run, Store
+    from tests._explore import served
+
+    folder = make_export(tmp_path / "run", 300, seed=6)
+    explorer = Explorer(Store([Run("run", str(folder), set())]))
+    explorer.indexes = {"run": SearchIndex(str(folder), str(tmp_path / "cache"))}
+    with served(explorer) as base:
+        page = app["context"].new_page()
+        page.goto(base + "#/search")
+        _ready(page)
+        assert "search: waiting to build" in page.locator("#status").inner_text()
+        page.fill("#q", "timeout")
+        page.click("form.filters button[type=submit]")
+        _ready(page)
+        assert "partial / scanning" in page.locator("#partial").inner_text()
+        assert page.locator(".hit").count() > 0
+        assert page.locator(".hit mark").first.inner_text().lower() == "timeout"
+        builder = threading.Thread(target=explorer.build_indexes,
+                                   kwargs={"cache_dir": str(tmp_path / "cache")})  # fmt: skip
+        builder.start()
+        page.wait_for_function("document.getElementById('status').dataset.settled === 'true'",
+                               timeout=120_000)  # fmt: skip
+        builder.join(timeout=60)
+        assert page.locator("#status").inner_text().startswith("search: ready")
+        renders = page.evaluate("document.body.dataset.renders")
+        page.click("form.filters button[type=submit]")  # the same query, the same URL
+        page.wait_for_function(f"document.body.dataset.renders > {renders}", timeout=60_000)
+        _ready(page)
+        assert page.locator("#partial").count() == 0
+        assert page.locator(".hit mark").first.inner_text().lower() == "timeout"
+
+
+def test_an_error_is_shown_alone(app: dict[str, Any]) -> None:
+    page = app["context"].new_page()
+    page.goto(app["base"] + "#/list")
+    _ready(page)
+    # a slow list still loading, then a view that fails at once: the list must not be drawn
+    # under the error when its answer arrives (the list's answer is held back until then)
+    held: list[Any] = []
+    page.route("**/api/list?*", lambda route: held.append(route))
+    page.evaluate("location.hash = '#/list?sort=-latency_ms'")
+    for _ in range(600):  # until the request reaches the route handler (30 s at most)
+        if held:
+            break
+        page.wait_for_timeout(50)
+    page.evaluate("location.hash = '#/trajectory?id=zz'")
+    page.wait_for_function("document.body.dataset.ready === location.hash", timeout=60_000)
+    with page.expect_response(lambda r: "api/list" in r.url, timeout=60_000):
+        held[0].continue_()
+    page.unroute("**/api/list?*")
+    # a few turns of the page's event loop: the list's answer has been handled by now
+    page.evaluate("new Promise(r => setTimeout(() => requestAnimationFrame(() => "
+                  "setTimeout(r, 50))))")  # fmt: skip
+    assert page.locator("#view > *").count() == 1
+    assert "not a trace id" in page.locator("#view .err").inner_text()
+    page.goto(app["base"] + "#/list?f=nonexistent>1")
+    page.wait_for_function("document.body.dataset.ready === location.hash", timeout=60_000)
+    assert "unknown column 'nonexistent'" in page.locator("#view .err").inner_text()
+    assert page.locator("#trajectories").count() == 0 and page.locator("#histogram").count() == 0
+    assert page.locator("#view form.filters").count() == 1  # to correct the filter

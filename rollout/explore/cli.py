@@ -15,18 +15,26 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import socket
 import sys
 import threading
 import time
 from typing import Any
 
-from rollout.export_cli import _add_source_args, _source_kwargs
+from rollout.export_cli import _add_source_args, _source_kwargs, missing_extra
+
+SEARCH_OFF = "search is off (started with --no-search)"
 
 
 def configure_explore(p: argparse.ArgumentParser) -> None:
     _add_source_args(p, parquet=True)
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1: this machine only)")  # fmt: skip
+                   help="address to bind (default 127.0.0.1: this machine only; any other "
+                   "needs --allow-host)")  # fmt: skip
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a host name or address browsers use to reach the explorer (their "
+                   "Host header; repeatable); needed with a --host that is not loopback, "
+                   "whereupon anyone on the network who can reach it reads the run")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
     p.add_argument("--compare", action="append", default=[], metavar="[NAME=]DIR",
                    help="another export folder to open side by side (repeatable)")  # fmt: skip
@@ -122,17 +130,24 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from rollout.explore.store import Store
 
     t0 = time.perf_counter()
+    problem = _check_host(args) or missing_extra(("duckdb", "pyarrow"), "explore")
+    if problem:
+        print(f"rollout-tracer explore: error: {problem}", file=sys.stderr)
+        return 2
     cache = cache_dir(args.cache_dir)
     try:
         runs, exported = _runs(args, cache)
         store = Store(runs)
-        server = make_server(Explorer(store), args.host, args.port)
+        server = make_server(Explorer(store), args.host, args.port, tuple(args.allow_host))
     except (ValueError, NotImplementedError, FileNotFoundError, OSError) as exc:
         print(f"rollout-tracer explore: error: {exc}", file=sys.stderr)
         return 2
     explorer = server.RequestHandlerClass.explorer  # type: ignore[attr-defined]
-    if not args.no_search:
+    explorer.search_off = SEARCH_OFF if args.no_search else missing_extra(("tantivy",), "explore")
+    if explorer.search_off is None:
         explorer.indexes = {r.name: SearchIndex(r.path, cache) for r in runs}
+    elif not args.no_search:
+        print(f"rollout-tracer explore: search is off: {explorer.search_off}", file=sys.stderr)
     workers = [threading.Thread(target=_build_indexes, args=(explorer, cache), daemon=True)]
     if exported and args.refresh > 0:
         workers.append(threading.Thread(target=_refresh_loop, daemon=True,
@@ -155,6 +170,23 @@ def cmd_explore(args: argparse.Namespace) -> int:
         for worker in workers:
             worker.join(timeout=60)
     return 0
+
+
+def _check_host(args: argparse.Namespace) -> str | None:
+    """A --host other than loopback serves the run to the network: say so, and ask for the
+    names browsers will use (the Host checks need them; a name is also a sign of intent)."""
+    from rollout.explore.server import is_loopback
+
+    if is_loopback(args.host):
+        return None
+    print(f"rollout-tracer explore: warning: --host {args.host} makes this run (prompts, "
+          "responses, tool arguments and results) readable by anyone on the network who can "
+          "reach this machine", file=sys.stderr)  # fmt: skip
+    if not args.allow_host:
+        return (f"--host {args.host} needs --allow-host NAME: the host name or address "
+                "browsers will use to reach the explorer (e.g. --allow-host "
+                f"{socket.gethostname()}); repeat it for each name")  # fmt: skip
+    return None
 
 
 def _build_indexes(explorer: Any, cache: str) -> None:

@@ -118,7 +118,7 @@ def _generic(w: Where, expr: str) -> None:
     name, op, raw = m.group(1), m.group(2), m.group(3).strip()
     col = _column(name)
     if op == "~":
-        w.add(f"CAST({col} AS VARCHAR) ILIKE ? ESCAPE '\\'", "%" + _like(raw) + "%")
+        w.add(f"CAST({col} AS VARCHAR) ILIKE ? ESCAPE '\\'", like_pattern(raw))
     elif raw.lower() == "null" and op in ("=", "!="):
         w.add(f"{col} IS {'' if op == '=' else 'NOT '}NULL")
     else:
@@ -127,8 +127,9 @@ def _generic(w: Where, expr: str) -> None:
         w.add(f"{col} {OPS[op]} {cast}", value)
 
 
-def _like(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+def like_pattern(text: str) -> str:
+    """An ``ILIKE ? ESCAPE '\\'`` pattern: ``text`` anywhere, its ``%`` and ``_`` literal."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _bool(name: str, raw: str) -> bool:

@@ -76,6 +76,14 @@ def _documents(path: str) -> Any:
                     yield tid, step, kind, idx[i], text
 
 
+def expected_documents(path: str) -> int:
+    """The index's documents at most: a row per text field (empty ones are left out)."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(os.path.join(path, f"{table}.parquet")).metadata.num_rows
+               for table, *_ in SOURCES)  # fmt: skip
+
+
 class SearchIndex:
     """The index of one export folder (``path``) under ``cache_dir``."""
 
@@ -84,15 +92,27 @@ class SearchIndex:
         self.dir = os.path.join(cache_dir, "search", f"{signature(path)}-v{INDEX_VERSION}")
         self.index: Any = None
         self.info: dict[str, Any] = {}
+        self.docs_done = 0  # while building: documents added, of about docs_expected
+        self.docs_expected = 0
 
     def ready(self) -> bool:
         return self.index is not None
+
+    def percent(self) -> int:
+        """How far the build is (0 before it starts; documents added over the text rows)."""
+        if self.ready():
+            return 100
+        return min(99, 100 * self.docs_done // self.docs_expected) if self.docs_expected else 0
 
     def open_or_build(self, progress: Callable[[int], None] | None = None,
                       stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
         """Open the index, building it first if this export has none yet (``stop`` ends a
         build early: InterruptedError)."""
-        import tantivy
+        try:
+            import tantivy
+        except ImportError:  # one line in the log and the header, not a traceback
+            raise RuntimeError("tantivy is not installed: pip install "
+                               "'rollout-tracer[explore]'") from None  # fmt: skip
 
         meta = os.path.join(self.dir, "built.json")
         if not os.path.exists(meta):
@@ -111,6 +131,7 @@ class SearchIndex:
         os.makedirs(tmp)
         t0 = time.perf_counter()
         index = tantivy.Index(_schema(), path=tmp)
+        self.docs_done, self.docs_expected = 0, expected_documents(self.path)
         # the build runs inside the server: a smaller heap keeps its peak memory down, at no
         # measurable cost in time (benchmarks/RESULTS.md section 10)
         writer = index.writer(heap_size=128_000_000, num_threads=2)
@@ -123,6 +144,8 @@ class SearchIndex:
                 doc.add_integer("index", idx)
             writer.add_document(doc)
             docs += 1
+            if docs % 2_000 == 0:
+                self.docs_done = docs
             if docs % 10_000 == 0:
                 _check(stop)
                 if progress is not None:
@@ -137,6 +160,18 @@ class SearchIndex:
         shutil.rmtree(self.dir, ignore_errors=True)
         os.replace(tmp, self.dir)
 
+    @staticmethod
+    def check(q: str, kind: str | None) -> str:
+        """``q`` stripped, or an ApiError saying what is wrong with the query."""
+        q = (q or "").strip()
+        if not q:
+            raise ApiError("q: give the words to search for")
+        if len(q) > MAX_QUERY_CHARS:
+            raise ApiError(f"q: longer than {MAX_QUERY_CHARS} characters")
+        if kind is not None and kind not in KINDS:
+            raise ApiError(f"in: {kind!r} is not one of {', '.join(KINDS)}")
+        return q
+
     def search(self, q: str, page: int, size: int, kind: str | None = None,
                step: int | None = None) -> dict[str, Any]:  # fmt: skip
         """Hits (one per turn, tool call or prompt), best first, each with its fragment and
@@ -145,13 +180,7 @@ class SearchIndex:
 
         if self.index is None:
             raise ApiError("the search index is still being built; try again shortly", 503)
-        q = (q or "").strip()
-        if not q:
-            raise ApiError("q: give the words to search for")
-        if len(q) > MAX_QUERY_CHARS:
-            raise ApiError(f"q: longer than {MAX_QUERY_CHARS} characters")
-        if kind is not None and kind not in KINDS:
-            raise ApiError(f"in: {kind!r} is not one of {', '.join(KINDS)}")
+        q = self.check(q, kind)
         try:
             query = self.index.parse_query(q, ["text"])
         except ValueError as exc:

@@ -8,7 +8,12 @@
                                        rollout/explore/filters.py)
     GET /api/search?q=timeout&in=result&step=3&page=0&size=20
                                        hits in prompts, responses, tool arguments and results,
-                                       with the highlighted fragment
+                                       with the highlighted fragment; while the index is built
+                                       (or when it failed), a bounded scan's hits, marked
+                                       ``partial`` (rollout/explore/scan.py)
+    GET /api/status                    per run: the search index (waiting, building with its
+                                       percent, ready, failed and why, off) and the compacted
+                                       copy (waiting, building, done, failed and why, off)
     GET /api/trajectory?id=<trace_id>&step=3
                                        one trajectory: row, turns, tool calls, per-token values
                                        (step is optional: it makes the lookup read one step)
@@ -22,12 +27,19 @@
 Every endpoint takes ``run=<name>`` (default: the first). Errors are JSON ``{"error": ...}``
 with status 400 (bad input), 404 (unknown run or id) or 503 (index still building); an
 unexpected failure is a 500 with its message, and the server keeps serving.
+
+Only this machine reads a run unless told otherwise: a request whose ``Host`` is not
+127.0.0.1, localhost, [::1] or a name the server was given (any port), or whose ``Origin`` is
+not the explorer's own, gets 403. A page on another site that rebinds its domain to 127.0.0.1
+(DNS rebinding) sends its own domain as ``Host``, so it cannot read a prompt or a response.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -39,6 +51,7 @@ import orjson
 from rollout.explore import across
 from rollout.explore.cache import prune_folder
 from rollout.explore.filters import ApiError, parse_int
+from rollout.explore.scan import SCAN_SECONDS, scan
 from rollout.explore.search import SearchIndex
 from rollout.explore.store import KEEP_COMPACTED, Store
 
@@ -46,6 +59,7 @@ log = logging.getLogger(__name__)
 MAX_PAGE_SIZE = 500
 MAX_PAGE = 1_000_000
 MAX_URL = 8192
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class Explorer:
@@ -55,15 +69,24 @@ class Explorer:
         self.store = store
         self.indexes = indexes or {}
         self.index_errors: dict[str, str] = {}
+        # why runs without an index have none: --no-search, or tantivy is not installed
+        self.search_off: str | None = "search is off (no index was given)"
+        # per run: off (no cache folder), waiting, building, done, or "failed: why"
+        self.compaction: dict[str, str] = dict.fromkeys(store.runs, "off")
+        self.scan_seconds = SCAN_SECONDS
 
     def build_indexes(self, progress: Any = None, cache_dir: str | None = None) -> None:
         """Once per export, in the background: the compacted tables (``cache_dir``), then
         the search indexes."""
         if cache_dir:
+            self.compaction = dict.fromkeys(self.store.runs, "waiting")
             for name in list(self.store.runs):
+                self.compaction[name] = "building"
                 try:
                     self.store.compact(name, cache_dir)
+                    self.compaction[name] = "done"
                 except Exception as exc:  # the original files keep serving
+                    self.compaction[name] = f"failed: {type(exc).__name__}: {exc}"
                     if self.store.stop.is_set():
                         return
                     log.warning("compacting run %s failed: %s", name, exc)
@@ -106,6 +129,28 @@ class Explorer:
             r["index"] = idx.info if idx and idx.ready() else None
         return {"runs": runs}
 
+    def _status(self, q: dict[str, list[str]]) -> Any:
+        """What the background work has reached, for the page's header (it polls this)."""
+        out: list[dict[str, Any]] = []
+        for name in self.store.runs:
+            state, _, why = self.compaction.get(name, "off").partition(": ")
+            out.append({"name": name, "search": self._search_state(name),
+                        "compaction": {"state": state, "error": why or None}})  # fmt: skip
+        done = all(r["search"]["state"] in ("ready", "failed", "off")
+                   and r["compaction"]["state"] in ("done", "failed", "off") for r in out)
+        return {"runs": out, "settled": done}
+
+    def _search_state(self, name: str) -> dict[str, Any]:
+        idx = self.indexes.get(name)
+        if name in self.index_errors:
+            return {"state": "failed", "percent": None, "error": self.index_errors[name]}
+        if idx is None:
+            return {"state": "off", "percent": None, "error": self.search_off}
+        if idx.ready():
+            return {"state": "ready", "percent": 100, "error": None}
+        return {"state": "building" if idx.docs_expected else "waiting",
+                "percent": idx.percent(), "error": None}  # fmt: skip
+
     def _list(self, q: dict[str, list[str]]) -> Any:
         return self.store.list_page(q, _one(q, "run"), parse_int(q, "page", 0, 0, MAX_PAGE),
                                parse_int(q, "size", 50, 1, MAX_PAGE_SIZE), _one(q, "sort"),
@@ -114,14 +159,22 @@ class Explorer:
     def _search(self, q: dict[str, list[str]]) -> Any:
         run = _one(q, "run") or next(iter(self.store.runs))
         self.store.table(run, "trajectories")  # unknown run -> 404
-        if run in self.index_errors:
-            raise ApiError(f"search is unavailable: {self.index_errors[run]}", 503)
         index = self.indexes.get(run)
         if index is None:
-            raise ApiError("search is off (started with --no-search)", 503)
+            raise ApiError(self.search_off or "search is off", 503)
         step = parse_int(q, "step", -1, -(2**62), 2**62) if _one(q, "step") else None
-        return index.search(_one(q, "q") or "", parse_int(q, "page", 0, 0, 10_000),
-                            parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
+        args = (_one(q, "q") or "", parse_int(q, "page", 0, 0, 10_000),
+                parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
+        if index.ready():
+            return index.search(*args)
+        # the index is being built, or failed: a bounded scan answers meanwhile
+        text, page, size, kind, step = args
+        index.check(text, kind)
+        out = scan(self.store, run, text.strip(), page, size, kind, step, self.scan_seconds)
+        state = self._search_state(run)
+        out["index"] = {"failed": f"failed: {state['error']}", "waiting": "waiting to build",
+                        "building": f"building ({state['percent']} %)"}[state["state"]]
+        return out
 
     def _trajectory(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
@@ -181,6 +234,7 @@ _LIST = {"page", "size", "sort", "cols", "hist", "step", "reward", "validate", "
          "name", "trace_id", "flag", "tool_errors", "f"}  # fmt: skip
 ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/runs": (Explorer._runs, set()),
+    "/api/status": (Explorer._status, set()),
     "/api/list": (Explorer._list, _LIST),
     "/api/search": (Explorer._search, {"q", "in", "step", "page", "size"}),
     "/api/trajectory": (Explorer._trajectory, {"id", "step"}),
@@ -195,8 +249,28 @@ def page_html() -> bytes:
     return resources.files("rollout.explore").joinpath("static/explore.html").read_bytes()
 
 
+def host_name(value: str) -> str:
+    """The host of a ``Host`` header or an origin's authority, without its port, lower case
+    (``[::1]:8765`` -> ``::1``)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only."""
+    if host_name(host) == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host_name(host)).is_loopback
+    except ValueError:
+        return False
+
+
 class Handler(BaseHTTPRequestHandler):
     explorer: Explorer
+    allowed_hosts: frozenset[str] = LOOPBACK_NAMES
     server_version = "rollout-tracer-explore"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -216,7 +290,22 @@ class Handler(BaseHTTPRequestHandler):
         body = orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS)
         self._send(status, body, "application/json; charset=utf-8")
 
+    def _foreign(self) -> str | None:
+        """Why the request is refused (a Host or Origin not this explorer's), or None."""
+        host = self.headers.get("Host")
+        if host is None or host_name(host) not in self.allowed_hosts:
+            return (f"Host {host!r} is not one this explorer serves "
+                    f"({', '.join(sorted(self.allowed_hosts))}; see --allow-host)")  # fmt: skip
+        origin = self.headers.get("Origin")
+        if origin is not None and origin.lower() != f"http://{host.strip().lower()}":
+            return f"Origin {origin!r} is not this explorer's (http://{host})"
+        return None
+
     def do_GET(self) -> None:
+        refused = self._foreign()
+        if refused:
+            self._json(403, {"error": refused})
+            return
         if len(self.path) > MAX_URL:
             self._json(414, {"error": f"URL longer than {MAX_URL} characters"})
             return
@@ -236,17 +325,33 @@ class Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
 
     def _read_only(self) -> None:
-        self._json(405, {"error": "read-only: only GET is served"})
+        refused = self._foreign()
+        if refused:
+            self._json(403, {"error": refused})
+        else:
+            self._json(405, {"error": "read-only: only GET is served"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
 
 
-def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """A server bound to ``host:port`` (0: any free port); call ``serve_forever``."""
-    handler = type("ExploreHandler", (Handler,), {"explorer": explorer})
-    server = ThreadingHTTPServer((host, port), handler)
+def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 0,
+                allow_hosts: tuple[str, ...] = ()) -> ThreadingHTTPServer:  # fmt: skip
+    """A server bound to ``host:port`` (0: any free port); call ``serve_forever``. It answers
+    requests whose Host is a loopback name, ``host`` itself (unless a wildcard such as 0.0.0.0)
+    or one of ``allow_hosts``."""
+    names = set(LOOPBACK_NAMES) | {host_name(h) for h in allow_hosts}
+    if host_name(host) not in ("0.0.0.0", "::", ""):
+        names.add(host_name(host))
+    handler = type("ExploreHandler", (Handler,), {"explorer": explorer,
+                                                  "allowed_hosts": frozenset(names)})
+    cls = _Server6 if ":" in host else ThreadingHTTPServer
+    server = cls((host, port), handler)
     server.daemon_threads = True
     return server
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
 
 
 def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:

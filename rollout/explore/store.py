@@ -136,13 +136,33 @@ class Store:
         self._attach(run)
 
     # ---------------------------------------------------------------- plumbing
-    def query(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: list[Any] | tuple[Any, ...] = (),
+              timeout: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        """The rows of ``sql``; past ``timeout`` seconds the query is interrupted and
+        TimeoutError raised."""
+        import duckdb
+
         cur = self._db.cursor()
+        expired = threading.Event()
+
+        def interrupt() -> None:
+            expired.set()  # before the interrupt: the query's thread reads it after
+            cur.interrupt()
+
+        timer = None if timeout is None else threading.Timer(max(timeout, 0.0), interrupt)
         try:
+            if timer is not None:
+                timer.start()
             res = cur.execute(sql, list(params))
             names = [d[0] for d in res.description]
             return [dict(zip(names, row, strict=True)) for row in res.fetchall()]
+        except duckdb.InterruptException:
+            if expired.is_set() and not self.stop.is_set():
+                raise TimeoutError(f"query interrupted after {timeout:.1f} s") from None
+            raise
         finally:
+            if timer is not None:
+                timer.cancel()
             cur.close()
 
     def table(self, run: str | None, table: str) -> str:

@@ -1,0 +1,114 @@
+"""Without an optional extra, a command says which one to install, in one line, and exits 2;
+the explorer's search answers 503 with that line; no traceback anywhere.
+
+The missing package is simulated honestly: each command runs in a subprocess whose PYTHONPATH
+starts with a folder holding a ``sitecustomize.py`` that sets ``sys.modules[name] = None``.
+Python then raises ``ModuleNotFoundError`` ("import of tantivy halted; None in sys.modules")
+for ``import tantivy``, ``from tantivy import ...`` and any submodule, exactly the exception a
+venv without the package raises (``ModuleNotFoundError`` too, only the message differs), and
+nothing else about the interpreter changes. Nothing in the project imports it before the
+interpreter starts, so every import path sees the missing module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("tantivy")
+pytest.importorskip("pyarrow")
+
+from tests._explore import get, make_export
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(tmp_path: Path, *missing: str) -> dict[str, str]:
+    shim = tmp_path / f"without-{'-'.join(missing)}"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in missing))
+    path = os.pathsep.join([str(shim), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path)
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rollout.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=120)  # fmt: skip
+
+
+def test_the_shim_makes_the_import_fail(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", "import tantivy"], env=_env(tmp_path, "tantivy"),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr
+
+
+@pytest.mark.parametrize("module", ["duckdb", "pyarrow"])
+def test_explore_without_duckdb_or_pyarrow(tmp_path: Path, module: str) -> None:
+    folder = make_export(tmp_path / "run", 10, seed=1)
+    done = _cli(["explore", "--from", "parquet", "--path", str(folder), "--port", "0",
+                 "--cache-dir", str(tmp_path / "cache")], _env(tmp_path, module))  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (f"rollout-tracer explore: error: {module} is not installed: "
+                                   "pip install 'rollout-tracer[explore]'")  # fmt: skip
+    assert done.stdout == ""
+
+
+def test_export_without_pyarrow(tmp_path: Path) -> None:
+    import tracer
+    from tests.test_export import _records
+    from tracer.backends.jsonl_backend import JsonlExporter
+
+    path = tmp_path / "t.jsonl"
+    JsonlExporter(tracer.TraceConfig(backend="jsonl", jsonl_path=str(path))).export(_records(5))
+    env = _env(tmp_path, "pyarrow")
+    done = _cli(["export", "--from", "jsonl", "--path", str(path), "--out", str(tmp_path / "x"),
+                 "--no-progress"], env)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == ("rollout-tracer export: error: pyarrow is not installed: "
+                                   "pip install 'rollout-tracer[export]'")  # fmt: skip
+    assert not (tmp_path / "x").exists()
+    # JSON lines need no pyarrow
+    done = _cli(["export", "--from", "jsonl", "--path", str(path), "--out", str(tmp_path / "j"),
+                 "--format", "jsonl", "--no-progress"], env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_explore_without_tantivy_serves_and_search_says_why(tmp_path: Path) -> None:
+    folder = make_export(tmp_path / "run", 30, seed=1)
+    proc = subprocess.Popen([sys.executable, "-m", "rollout.cli", "explore", "--from", "parquet",
+                             "--path", str(folder), "--port", "0", "--cache-dir",
+                             str(tmp_path / "cache")], env=_env(tmp_path, "tantivy"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("http://" in s for s in seen):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+        url = next(s for s in seen if "http://" in s).split("http://", 1)[1].split("/", 1)[0]
+        base = f"http://{url}/"
+        install = "tantivy is not installed: pip install 'rollout-tracer[explore]'"
+        status, body = get(base, "api/search", q="timeout")
+        assert status == 503 and body == {"error": install}
+        assert get(base, "api/status")[1]["runs"][0]["search"] == {
+            "state": "off", "percent": None, "error": install}  # fmt: skip
+        assert get(base, "api/list", size=1)[1]["total"] == 30  # everything else works
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    seen.append(out)
+    assert proc.returncode == 0
+    text = "".join(seen)
+    assert f"rollout-tracer explore: search is off: {install}" in text
+    assert "Traceback" not in text and "ModuleNotFoundError" not in text
