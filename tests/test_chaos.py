@@ -155,6 +155,7 @@ def schedule(seed: int) -> list[tuple[float, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.export_child  # the default config's export child is part of what is tested
 @pytest.mark.parametrize("seed", [1, 2])
 def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) -> None:
     # about CHAOS_SECONDS + a minute: the point is faults overlapping over time, in one run
