@@ -6,8 +6,8 @@
    with ~430-character responses and ``--ids`` token ids each, 3 tool calls, 3 % of them
    failing, a reward span that scored the final answer) written as JSONL by the tracer's own
    writer, then exported to Parquet (``tracer.readers.export``) ``--pairs`` times each way,
-   interleaved (without, with, ...).
-   "Without" replaces the signature function by a constant. Also the signatures alone, timed
+   interleaved (without, with, ...); the added share is that of the median CPU time (all
+   threads of the process: steadier than wall time on a shared machine). "Without" replaces the signature function by a constant. Also the signatures alone, timed
    over the same records.
 2. ``step_patterns`` over the Parquet of ``--patterns-n`` trajectories of
    ``benchmarks/explore_data.py --scenario hacking`` (80 steps), median of 3.
@@ -80,12 +80,13 @@ def records(n: int, ids: int = 110, seed: int = 0) -> list[Any]:
     return out
 
 
-def _export(path: str, out: str) -> float:
+def _export(path: str, out: str) -> tuple[float, float]:
+    """(wall s, CPU s of this process, all threads) of one export."""
     from tracer.readers import export
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     export("jsonl", out, path=path)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
@@ -100,16 +101,16 @@ def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
     for i in range(0, n, 2000):
         writer.export(made[i : i + 2000])
     writer.shutdown()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for r in made:  # the signature's own work, as rows.py calls it
         calls = [(s.name, s.status == "ERROR") for s in r.spans if s.kind == "tool"]
         last = r.spans[-3].attributes["response_text"]
         signature(calls, "stop", scored_text(r.spans[-1].inputs), last)
-    alone = time.perf_counter() - t0
+    alone = time.process_time() - t0
     del made
     real = rows.signature
     const = Signature("0" * 16, "")
-    times: dict[str, list[float]] = {"without": [], "with": []}
+    times: dict[str, list[tuple[float, float]]] = {"without": [], "with": []}
     for k in range(pairs):
         for mode in ("without", "with"):
             rows.signature = real if mode == "with" else (lambda *a, **k: const)  # type: ignore[assignment]
@@ -117,9 +118,11 @@ def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
                 times[mode].append(_export(path, str(tmp / f"out-{mode}-{k}")))
             finally:
                 rows.signature = real
-    without, with_ = statistics.median(times["without"]), statistics.median(times["with"])
-    return {"n": n, "ids_per_turn": ids, "without_s": [round(t, 2) for t in times["without"]],
-            "with_s": [round(t, 2) for t in times["with"]],
+    cpu = {mode: [c for _, c in runs] for mode, runs in times.items()}
+    without, with_ = statistics.median(cpu["without"]), statistics.median(cpu["with"])
+    return {"n": n, "ids_per_turn": ids,
+            "wall_s": {m: [round(w, 2) for w, _ in runs] for m, runs in times.items()},
+            "cpu_s": {m: [round(c, 2) for c in v] for m, v in cpu.items()},
             "added_pct": round(100 * (with_ - without) / without, 1),
             "signatures_alone_s": round(alone, 2),
             "signature_us": round(1e6 * alone / n, 1),
