@@ -7,8 +7,9 @@
    failing, a reward span that scored the final answer) written as JSONL by the tracer's own
    writer, then exported to Parquet (``tracer.readers.export``) ``--pairs`` times each way,
    interleaved (without, with, ...); the added share is that of the median CPU time (all
-   threads of the process: steadier than wall time on a shared machine). "Without" replaces the signature function by a constant. Also the signatures alone, timed
-   over the same records.
+   threads of the process: steadier than wall time on a shared machine). "Without" replaces
+   the signature function by a constant. Also the signatures alone (CPU time), over the same
+   records.
 2. ``step_patterns`` over the Parquet of ``--patterns-n`` trajectories of
    ``benchmarks/explore_data.py --scenario hacking`` (80 steps), median of 3.
 """
