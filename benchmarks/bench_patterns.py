@@ -3,11 +3,13 @@
     python -m benchmarks.bench_patterns --n 20000 [--pairs 2] [--patterns-n 200000]
 
 1. Export time with and without signatures: ``--n`` agent-loop trajectories (3 generate calls
-   with ~430-character responses, 3 tool calls, 3 % of them failing, a reward span that scored
-   the final answer) written as JSONL by the tracer's own writer, then exported to Parquet
-   (``tracer.readers.export``) ``--pairs`` times each way, interleaved (without, with, ...).
-   "Without" replaces the signature function by a constant. Also the signatures alone, timed
-   over the same records.
+   with ~430-character responses and ``--ids`` token ids each, 3 tool calls, 3 % of them
+   failing, a reward span that scored the final answer) written as JSONL by the tracer's own
+   writer, then exported to Parquet (``tracer.readers.export``) ``--pairs`` times each way,
+   interleaved (without, with, ...); the added share is that of the median CPU time (all
+   threads of the process: steadier than wall time on a shared machine). "Without" replaces
+   the signature function by a constant. Also the signatures alone (CPU time), over the same
+   records.
 2. ``step_patterns`` over the Parquet of ``--patterns-n`` trajectories of
    ``benchmarks/explore_data.py --scenario hacking`` (80 steps), median of 3.
 """
@@ -34,7 +36,7 @@ def _text(rng: random.Random, chars: int = 430) -> str:
     return " ".join(words).capitalize() + "."
 
 
-def records(n: int, seed: int = 0) -> list[Any]:
+def records(n: int, ids: int = 110, seed: int = 0) -> list[Any]:
     import tracer
 
     rng = random.Random(seed)
@@ -53,7 +55,8 @@ def records(n: int, seed: int = 0) -> list[Any]:
             spans.append(tracer.SpanRecord(
                 f"{i:08x}{turn:04x}0001", root, "generate", "generate", base, base + 900_000,
                 inputs={"prompt_ids": list(range(40))},
-                outputs={"response_ids": list(range(110)), "finish_reason": "stop"},
+                outputs={"response_ids": list(range(ids)), "finish_reason": "stop"} if ids
+                else {"finish_reason": "stop"},
                 attributes={"prompt_text": "q", "response_text": final + "<|im_end|>",
                             "prompt_tokens": 40, "response_tokens": 110,
                             "finish_reason": "stop"}))  # fmt: skip
@@ -78,36 +81,37 @@ def records(n: int, seed: int = 0) -> list[Any]:
     return out
 
 
-def _export(path: str, out: str) -> float:
+def _export(path: str, out: str) -> tuple[float, float]:
+    """(wall s, CPU s of this process, all threads) of one export."""
     from tracer.readers import export
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     export("jsonl", out, path=path)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def bench_export(n: int, pairs: int, tmp: Path) -> dict[str, Any]:
+def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
     import tracer
     import tracer.readers.rows as rows
     from tracer.backends.jsonl_backend import JsonlExporter
     from tracer.readers.signature import Signature, scored_text, signature
 
-    made = records(n)
+    made = records(n, ids)
     path = str(tmp / "t.jsonl")
     writer = JsonlExporter(tracer.TraceConfig(backend="jsonl", jsonl_path=path))
     for i in range(0, n, 2000):
         writer.export(made[i : i + 2000])
     writer.shutdown()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for r in made:  # the signature's own work, as rows.py calls it
         calls = [(s.name, s.status == "ERROR") for s in r.spans if s.kind == "tool"]
         last = r.spans[-3].attributes["response_text"]
         signature(calls, "stop", scored_text(r.spans[-1].inputs), last)
-    alone = time.perf_counter() - t0
+    alone = time.process_time() - t0
     del made
     real = rows.signature
     const = Signature("0" * 16, "")
-    times: dict[str, list[float]] = {"without": [], "with": []}
+    times: dict[str, list[tuple[float, float]]] = {"without": [], "with": []}
     for k in range(pairs):
         for mode in ("without", "with"):
             rows.signature = real if mode == "with" else (lambda *a, **k: const)  # type: ignore[assignment]
@@ -115,8 +119,11 @@ def bench_export(n: int, pairs: int, tmp: Path) -> dict[str, Any]:
                 times[mode].append(_export(path, str(tmp / f"out-{mode}-{k}")))
             finally:
                 rows.signature = real
-    without, with_ = statistics.median(times["without"]), statistics.median(times["with"])
-    return {"n": n, "without_s": times["without"], "with_s": times["with"],
+    cpu = {mode: [c for _, c in runs] for mode, runs in times.items()}
+    without, with_ = statistics.median(cpu["without"]), statistics.median(cpu["with"])
+    return {"n": n, "ids_per_turn": ids,
+            "wall_s": {m: [round(w, 2) for w, _ in runs] for m, runs in times.items()},
+            "cpu_s": {m: [round(c, 2) for c in v] for m, v in cpu.items()},
             "added_pct": round(100 * (with_ - without) / without, 1),
             "signatures_alone_s": round(alone, 2),
             "signature_us": round(1e6 * alone / n, 1),
@@ -144,11 +151,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--patterns-n", type=int, default=200_000)
+    ap.add_argument("--ids", type=int, default=110, help="response token ids per turn (0: none, "
+                    "so no tokens table: the lightest export, where signatures weigh most)")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
         if args.n:
-            print(bench_export(args.n, args.pairs, Path(tmp)), flush=True)
+            print(bench_export(args.n, args.pairs, Path(tmp), args.ids), flush=True)
         if args.patterns_n:
             print(bench_patterns(args.patterns_n, Path(tmp)), flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")

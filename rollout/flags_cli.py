@@ -65,7 +65,8 @@ def rising_json(r: Any) -> dict[str, Any]:
             "share_then": round(r.share_then, 4), "share_now": round(r.share_now, 4),
             "peak_share": round(r.peak_share, 4), "peak_step": r.peak_step,
             "reward": round(r.reward, 4), "step_reward": round(r.step_reward, 4),
-            "reason": r.reason, "example": r.example,
+            "steps": r.steps, "hacking_steps": r.hacking_steps, "reason": r.reason,
+            "example": r.example,
             "curve": [[s, round(v, 4)] for s, v in r.curve]}  # fmt: skip
 
 

@@ -82,7 +82,8 @@ class StepPatterns:
         steps = sorted(self.totals)
         for old in steps[: -(self.th.window + self.th.smooth)]:
             self.groups[old] = [g for g in self.groups[old] if g.signature in self.kept]
-        found = analyze((g for s in steps for g in self.groups[s]), self.totals, self.th)
+        found = analyze((g for s in steps for g in self.groups[s]), self.totals, self.th,
+                        last_only=True)
         top = found.top.get(step) or []
         self.top_text = f"{100 * top[0].share:.1f}% of step {step}: {top[0].text}" if top else None
         return found.step_metrics(step)

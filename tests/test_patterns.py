@@ -110,8 +110,8 @@ def test_thresholds_are_what_decides(hacked_run: Path) -> None:
 
 def _same(a: Patterns, b: Patterns) -> None:
     assert a.steps == b.steps and a.n == b.n
-    assert [(r.signature, r.steps, r.hacking_step, r.reason) for r in a.rising] == [
-        (r.signature, r.steps, r.hacking_step, r.reason) for r in b.rising]
+    assert [(r.signature, r.steps, r.hacking_steps, r.reason) for r in a.rising] == [
+        (r.signature, r.steps, r.hacking_steps, r.reason) for r in b.rising]
     for step in a.steps:
         assert [(p.signature, p.n, p.example, p.text) for p in a.top[step]] == [
             (p.signature, p.n, p.example, p.text) for p in b.top[step]]
@@ -127,6 +127,13 @@ def test_python_and_duckdb_groupings_agree(hacked_run: Path) -> None:
     # a DataFrame (the report's and flags' input) too
     _same(step_patterns(pq.read_table(hacked_run / "trajectories.parquet").to_pandas()),
           step_patterns(hacked_run))  # fmt: skip
+    # and a running job, fed one step at a time, logs each step's numbers as the whole run has
+    from rollout.step_patterns import StepPatterns
+
+    whole, live = step_patterns(hacked_run), StepPatterns()
+    for step in range(1, 81):
+        got = live.add(step, [r for r in rows if r["step"] == step])
+        assert got == pytest.approx(whole.step_metrics(step)), step
 
 
 def test_an_export_without_signatures_says_so(hacked_run: Path, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ mlflow are imported when a function runs, not when this package is imported.
     export("mlflow", "out/", experiment="gsm8k", tracking_uri="sqlite:///mlflow.db")
     tables = read_tables("parquet", path="out/")
     write_report(tables, "report.html")
+    step_patterns("out/").rising   # behaviour patterns that take over (tracer.readers.patterns)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tracer.readers.export import (
     read_parquet_dir,
     read_tables,
 )
+from tracer.readers.patterns import PatternThresholds, step_patterns
 from tracer.readers.report import build_report, write_report
 from tracer.readers.rows import Rows, record_rows, records_rows
 from tracer.readers.schema import TABLES, arrow_schema
@@ -41,6 +43,7 @@ __all__ = [
     "TABLES",
     "ExportSummary",
     "NoTrajectories",
+    "PatternThresholds",
     "Rows",
     "Selection",
     "StoreNotFound",
@@ -56,6 +59,7 @@ __all__ = [
     "read_tables",
     "record_rows",
     "records_rows",
+    "step_patterns",
     "weave_to_record",
     "write_report",
 ]

@@ -99,11 +99,19 @@ class Rising:
     reward: float  # over the recent steps of its first flag
     step_reward: float  # all trajectories' mean reward over the same steps
     example: str
-    steps: list[int]  # the steps it was flagged at
+    steps: list[int]  # the steps it was flagged rising at
     curve: list[tuple[int, float]]  # (step, share) at every step of the run
-    hacking: bool = False  # possible reward hacking
-    hacking_step: int | None = None  # the first step it was flagged so
-    reason: str | None = None  # why, in words
+    hacking_steps: list[int] = field(default_factory=list)  # ... and possible reward hacking
+    reason: str | None = None  # why it was possible reward hacking first, in words
+
+    @property
+    def hacking(self) -> bool:
+        return bool(self.hacking_steps)
+
+    @property
+    def hacking_step(self) -> int | None:
+        """The first step it was flagged possible reward hacking at."""
+        return self.hacking_steps[0] if self.hacking_steps else None
 
     @property
     def labels(self) -> list[str]:
@@ -122,15 +130,15 @@ class Patterns:
     n: int = 0  # trajectories grouped
 
     def step_metrics(self, step: int) -> dict[str, float]:
-        """``patterns/top_share``, ``patterns/rising`` (patterns flagged at ``step``) and
-        ``patterns/possible_reward_hacking`` of one step, for a trainer's logger."""
+        """``patterns/top_share``, and the patterns flagged ``rising`` and ``possible reward
+        hacking`` at ``step`` (``patterns/rising``, ``patterns/possible_reward_hacking``), for
+        a trainer's logger."""
         top = self.top.get(step) or []
         return {
             "patterns/top_share": top[0].share if top else 0.0,
             "patterns/rising": float(sum(step in r.steps for r in self.rising)),
-            "patterns/possible_reward_hacking": float(sum(
-                r.hacking_step is not None and step in r.steps and step >= r.hacking_step
-                for r in self.rising)),
+            "patterns/possible_reward_hacking": float(sum(step in r.hacking_steps
+                                                          for r in self.rising)),
         }  # fmt: skip
 
     def top_text(self, step: int) -> str | None:
@@ -258,9 +266,11 @@ def _hacking_reason(s: _Sums, steps: list[int], th: PatternThresholds) -> str | 
 
 
 def _rising(sig: str, per_step: dict[int, Group], steps: list[int],
-            totals: dict[int, StepTotal], th: PatternThresholds) -> Rising | None:  # fmt: skip
+            totals: dict[int, StepTotal], th: PatternThresholds,
+            last_only: bool) -> Rising | None:  # fmt: skip
     found: Rising | None = None
-    for i in range(th.window + th.smooth - 1, len(steps)):
+    first = len(steps) - 1 if last_only else 0
+    for i in range(max(first, th.window + th.smooth - 1), len(steps)):
         recent = steps[i - th.smooth + 1 : i + 1]
         earlier = steps[i - th.window - th.smooth + 1 : i - th.window + 1]
         now = _sums(per_step, totals, recent)
@@ -280,8 +290,9 @@ def _rising(sig: str, per_step: dict[int, Group], steps: list[int],
                            now.reward, now.step_reward, g.example, [], [])  # fmt: skip
         found.last_step, found.share_now = steps[i], now.share
         found.steps.append(steps[i])
-        if reason is not None and not found.hacking:
-            found.hacking, found.hacking_step, found.reason = True, steps[i], reason
+        if reason is not None:
+            found.hacking_steps.append(steps[i])
+            found.reason = found.reason or reason
     if found is None:
         return None
     found.curve = [(s, per_step[s].n / totals[s].n if s in per_step else 0.0) for s in steps]
@@ -293,9 +304,10 @@ def _rising(sig: str, per_step: dict[int, Group], steps: list[int],
 
 
 def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
-            th: PatternThresholds | None = None) -> Patterns:  # fmt: skip
+            th: PatternThresholds | None = None, last_only: bool = False) -> Patterns:  # fmt: skip
     """The rules (module docstring) over per-(step, signature) groups and per-step totals
-    (from :func:`aggregate` or DuckDB)."""
+    (from :func:`aggregate` or DuckDB). ``last_only``: only the last step is judged and
+    ranked (what a running job needs of each new step)."""
     th = th or PatternThresholds()
     totals = {int(k): v for k, v in totals.items() if v.n}
     steps = sorted(totals)
@@ -305,20 +317,23 @@ def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
         if g.step in totals:
             by_sig[g.signature][g.step] = g
             by_step[g.step].append(g)
-    rising = [r for sig, per_step in by_sig.items()
-              if max(g.n for g in per_step.values()) >= th.min_count
-              and (r := _rising(sig, per_step, steps, totals, th)) is not None]  # fmt: skip
+    rising = []
+    for sig, per_step in by_sig.items():
+        if max(g.n for g in per_step.values()) >= th.min_count:
+            r = _rising(sig, per_step, steps, totals, th, last_only)
+            if r is not None:
+                rising.append(r)
     rising.sort(key=lambda r: (not r.hacking, -r.peak_share, r.first_step, r.signature))
     flagged = {(r.signature, s): r for r in rising for s in r.steps}
     top: dict[int, list[Pattern]] = {}
-    for step in steps:
+    for step in steps[-1:] if last_only else steps:
         ranked = sorted(by_step[step], key=lambda g: (-g.n, g.signature))[: th.top]
         top[step] = []
         for g in ranked:
             r = flagged.get((g.signature, step))
+            errors = _ratio(g.errors, g.calls) if g.calls else None
             top[step].append(Pattern(
                 step, g.signature, g.text, g.n, g.n / totals[step].n, g.reward_mean,
-                g.reward_std, _ratio(g.len_sum, g.n_len), _ratio(g.errors, g.calls) if g.calls
-                else None, g.example, r is not None, r is not None and r.hacking_step is not None
-                and step >= r.hacking_step))  # fmt: skip
+                g.reward_std, _ratio(g.len_sum, g.n_len), errors, g.example, r is not None,
+                r is not None and step in r.hacking_steps))  # fmt: skip
     return Patterns(steps, top, rising, th, sum(t.n for t in totals.values()))

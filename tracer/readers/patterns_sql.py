@@ -106,23 +106,28 @@ WHERE step IS NOT NULL AND NOT isnan(CAST(step AS DOUBLE)) AND NOT coalesce(vali
 _SUMS = ("count(*) AS n, count(reward) AS n_reward, coalesce(sum(reward), 0) AS reward_sum, "
          "coalesce(sum(reward * reward), 0) AS reward_sq, count(len) AS n_len, "
          "coalesce(sum(len), 0) AS len_sum")  # fmt: skip
+_TOTALS = ("s_n", "s_n_reward", "s_reward_sum", "s_reward_sq", "s_n_len", "s_len_sum")
+# One scan groups every trajectory by (step, signature), with the step's totals alongside; a
+# second reads only the rows of the signatures kept, for their distinct prompts and responses
+# (64-bit hashes: cheaper than the texts) and their text.
 _GROUPS = f"""
 WITH g AS (
   SELECT step, signature, {_SUMS}, sum(calls) AS calls, sum(errors) AS errors,
-         min(trace_id) AS example, count(DISTINCT prompt) AS prompts,
-         count(DISTINCT response_text) AS answers
+         min(trace_id) AS example
   FROM t GROUP BY step, signature),
-r AS (SELECT *, row_number() OVER (PARTITION BY step ORDER BY n DESC, signature) AS rank
-      FROM g),
+r AS (SELECT *, row_number() OVER (PARTITION BY step ORDER BY n DESC, signature) AS rank,
+             {", ".join(f"sum({c[2:]}) OVER w AS {c}" for c in _TOTALS)}
+      FROM g WINDOW w AS (PARTITION BY step)),
 keep AS (SELECT signature FROM r GROUP BY signature HAVING min(rank) <= $top
          OR max(n) >= $min_count),
-texts AS (SELECT signature, min(signature_text) AS text FROM t
-          WHERE signature IN (SELECT signature FROM keep) GROUP BY signature)
-SELECT r.step, r.signature, texts.text, r.n, r.n_reward, r.reward_sum, r.reward_sq, r.n_len,
-       r.len_sum, r.calls, r.errors, r.example, r.prompts, r.answers
-FROM r JOIN texts USING (signature)
+d AS (SELECT step, signature, min(signature_text) AS text,
+             count(DISTINCT hash(prompt)) AS prompts,
+             count(DISTINCT hash(response_text)) AS answers
+      FROM t WHERE signature IN (SELECT signature FROM keep) GROUP BY step, signature)
+SELECT r.step, r.signature, d.text, r.n, r.n_reward, r.reward_sum, r.reward_sq, r.n_len,
+       r.len_sum, r.calls, r.errors, r.example, d.prompts, d.answers, {", ".join(_TOTALS)}
+FROM r JOIN d USING (step, signature)
 """
-_TOTALS = f"SELECT step, {_SUMS} FROM t GROUP BY step"
 
 
 def _source(con: Any, source: Any) -> None:
@@ -157,15 +162,15 @@ def duckdb_groups(source: Any, top: int, min_count: int) -> Grouped:
     try:
         _source(con, source)
         con.execute(_ROWS)
-        totals = {}
-        for step, *sums in con.execute(_TOTALS).fetchall():
-            totals[int(step)] = StepTotal(int(step), **_counts(sums))
+        totals: dict[int, StepTotal] = {}
         groups = []
         for row in con.execute(_GROUPS, {"top": top, "min_count": min_count}).fetchall():
             step, signature, text, *sums = row[:9]
-            calls, errors, example, prompts, answers = row[9:]
+            calls, errors, example, prompts, answers = row[9:14]
             groups.append(Group(int(step), signature, text or "", int(calls), int(errors),
                                 example, int(prompts), int(answers), **_counts(sums)))  # fmt: skip
+            if int(step) not in totals:  # every step has its top signatures here
+                totals[int(step)] = StepTotal(int(step), **_counts(list(row[14:])))
         return groups, totals
     finally:
         con.close()
