@@ -242,6 +242,11 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                                     f"finished > {GRACE_S} s before the kill are missing: "
                                     f"{late[:5]}")
         assert not problems, "\n".join(problems)
+        finished = sum(len(r.finished()) for r in rollouts)
+        in_grace = sum(1 for r in rollouts for s, i, _ in r.finished() if (s, i) not in stored)
+        print(f"chaos seed {seed}: {finished} finished in {len(rollouts)} processes "
+              f"({sum(r.killed_at is not None for r in rollouts)} SIGKILLed), {len(stored)} "
+              f"stored once, {in_grace} missing, each within {GRACE_S} s of its process's kill")
         # it really ran: every process that lived past its start traced, through the faults
         assert all(r.finished() for r in rollouts if r.killed_at is None)
         assert sum(len(r.finished()) for r in rollouts) > 10 * RATE
