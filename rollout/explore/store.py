@@ -331,16 +331,17 @@ class Store:
         calls = self._per_trajectory(run, "tool_calls", step, trace_id, columns("tool_calls"),
                                      "call_index")  # fmt: skip
         out: dict[str, Any] = {"trajectory": row, "turns": turns, "tool_calls": calls, "tokens": {},
-               "token_fields": list(TOKEN_FIELDS), "scales": {}}  # fmt: skip
+               "token_fields": list(TOKEN_FIELDS), "scales": {}, "token_text": False}  # fmt: skip
         if "tokens" in r.tables:
             toks = self._per_trajectory(run, "tokens", step, trace_id,
                                         ["turn", "position", "token", "token_id", "loss_mask",
                                          *TOKEN_FIELDS], "position")  # fmt: skip
             toks = [tok for tok in toks if tok["loss_mask"] == 1]
+            # per token: its text (None when the export had no tokenizer), the values, its id
             for tok in toks:
-                text = tok["token"] if tok["token"] is not None else f"⟨{tok['token_id']}⟩"
                 out["tokens"].setdefault(str(tok["turn"]), []).append(
-                    [text, *(_round(tok[f]) for f in TOKEN_FIELDS)])
+                    [tok["token"], *(_round(tok[f]) for f in TOKEN_FIELDS), tok["token_id"]])
+            out["token_text"] = bool(toks) and all(tok["token"] is not None for tok in toks)
             if toks:
                 out["scales"] = self.scales(run, step)
         if r.mlflow:
