@@ -192,3 +192,23 @@ def test_without_token_text_a_turn_shows_its_response_text(
         assert page.locator("#transcript .strip .blk").count() > 0
         assert "token " in (page.locator(".strip .blk").first.get_attribute("title") or "")
         assert "--tokenizer NAME" in page.locator("#token-note").inner_text()
+
+
+def test_a_group_shows_its_n_responses_side_by_side(explore: dict[str, Any],
+                                                    browser: Any) -> None:  # fmt: skip
+    base = explore["base"]
+    row = get(base, "api/list", size=1, validate="false", cols="trace_id,step")[1]["rows"][0]
+    page = browser.new_page()
+    page.goto(base + f"#/trajectory?id={row['trace_id']}&step={row['step']}")
+    _ready(page)
+    page.click("#group-link")
+    _ready(page)
+    cols = page.locator("#group .col")
+    assert cols.count() == N
+    assert row["trace_id"] in [cols.nth(i).get_attribute("data-id") for i in range(N)]
+    for i in range(N):
+        head = cols.nth(i).locator(".colhead").inner_text()
+        assert "reward" in head and "advantage" in head
+        text = cols.nth(i).locator(".response").inner_text()
+        assert re.search(r"[A-Za-z]{2,}", text) and not IDS.search(text)
+    assert page.locator("#group .col .colhead:has-text('base of the diff')").count() == 1

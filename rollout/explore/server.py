@@ -19,6 +19,9 @@
                                        (step is optional: it makes the lookup read one step)
     GET /api/groups?step=3&validate=false&zero=true&page=0&size=20
                                        a step's GRPO groups, rewards and advantages
+    GET /api/group?step=3&sample=7&validate=false
+                                       one GRPO group's rollouts side by side: rewards,
+                                       advantages, texts, word diffs against the best one
     GET /api/prompt?id=<trace_id> | ?prompt=<text>
                                        one prompt across steps, with the word diff between steps
     GET /api/steps                     metrics per step
@@ -189,6 +192,12 @@ class Explorer:
                                  parse_int(q, "size", 20, 1, 200),
                                  _flag(q, "zero", False))  # fmt: skip
 
+    def _group(self, q: dict[str, list[str]]) -> Any:
+        if _one(q, "step") is None:
+            raise ApiError("step: required (the training step of the group)")
+        return across.group(self.store, _one(q, "run"), parse_int(q, "step", 0, -(2**62), 2**62),
+                            _required(q, "sample"), _flag(q, "validate", False))  # fmt: skip
+
     def _prompt(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
         return across.prompt(self.store, _one(q, "run"), _one(q, "id"), _one(q, "prompt"),
@@ -239,6 +248,7 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/search": (Explorer._search, {"q", "in", "step", "page", "size"}),
     "/api/trajectory": (Explorer._trajectory, {"id", "step"}),
     "/api/groups": (Explorer._groups, {"step", "validate", "zero", "page", "size"}),
+    "/api/group": (Explorer._group, {"step", "sample", "validate"}),
     "/api/prompt": (Explorer._prompt, {"id", "prompt", "step"}),
     "/api/steps": (Explorer._steps, set()),
     "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),

@@ -316,6 +316,12 @@ class Store:
         return self.query(f"SELECT {_names(columns)} FROM {self.table(run, table)} WHERE {cond} "
                           f"ORDER BY {order}", params)  # fmt: skip
 
+    def turn_texts(self, run: str | None, step: Any, trace_id: str) -> list[str | None]:
+        """One trajectory's responses, turn by turn."""
+        rows = self._per_trajectory(run, "turns", step, trace_id,
+                                    ["turn_index", "response_text"], "turn_index")  # fmt: skip
+        return [r["response_text"] for r in rows]
+
     def trajectory(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
         from tracer.readers.schema import arrow_schema
 
