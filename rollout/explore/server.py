@@ -51,7 +51,7 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from rollout.explore import across
+from rollout.explore import across, steps
 from rollout.explore.cache import prune_folder
 from rollout.explore.filters import ApiError, parse_int
 from rollout.explore.scan import SCAN_SECONDS, scan
@@ -187,10 +187,9 @@ class Explorer:
         step = parse_int(q, "step", 0, -(2**62), 2**62)
         if _one(q, "step") is None:
             raise ApiError("step: required (the training step whose groups to show)")
-        return self.store.groups(_one(q, "run"), step, _flag(q, "validate", False),
-                                 parse_int(q, "page", 0, 0, MAX_PAGE),
-                                 parse_int(q, "size", 20, 1, 200),
-                                 _flag(q, "zero", False))  # fmt: skip
+        return steps.groups(self.store, _one(q, "run"), step, _flag(q, "validate", False),
+                            parse_int(q, "page", 0, 0, MAX_PAGE), parse_int(q, "size", 20, 1, 200),
+                            _flag(q, "zero", False))  # fmt: skip
 
     def _group(self, q: dict[str, list[str]]) -> Any:
         if _one(q, "step") is None:
@@ -204,7 +203,7 @@ class Explorer:
                             step)  # fmt: skip
 
     def _steps(self, q: dict[str, list[str]]) -> Any:
-        return {"steps": self.store.steps(_one(q, "run"))}
+        return {"steps": steps.steps(self.store, _one(q, "run"))}
 
     def _compare(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62)
