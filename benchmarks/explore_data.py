@@ -8,6 +8,11 @@ group per page of 500 trajectories, in step order as an export writes them, so m
 bounded whatever ``n``. Deterministic: every draw comes from one private ``numpy`` generator
 seeded by ``--seed`` (the global random state is never touched).
 
+Text of realistic length by default: each turn's response 60-100 words, a tool call's
+arguments a JSON object with a few words (a search query, a calculation, a line of code) and
+its result 20-50 words, a prompt of ~35 words: ~1.3 GB of text at a million trajectories.
+``--short-text`` keeps responses of ~45 words and one-number tool results (faster to make).
+
 The shape of a GRPO run: ``steps`` steps, each with samples of ``group`` rollouts; prompts come
 from a dataset of ``prompts`` questions that recur across steps (so "the same prompt across
 steps" has something to show); about 5% of samples are validation rollouts; a few tool calls
@@ -48,6 +53,7 @@ class Shape:
     tokens_per_turn: int = 0
     experiment: str = "bench"
     scenario: str = ""  # a behaviour scenario of benchmarks/patterns_data.py ("hacking")
+    short_text: bool = False
 
     @property
     def per_step(self) -> int:
@@ -65,7 +71,7 @@ def _vocabulary(rng: np.random.Generator, size: int = 2000) -> list[str]:
 def _sentences(rng: np.random.Generator, words: list[str], count: int = 4096) -> list[str]:
     out = []
     for _ in range(count):
-        picks = rng.integers(0, len(words), int(rng.integers(9, 15)))
+        picks = rng.integers(0, len(words), int(rng.integers(10, 14)))  # 10-13 words
         text = " ".join(words[int(i)] for i in picks)
         out.append(text[0].upper() + text[1:] + ".")
     return out
@@ -97,9 +103,39 @@ class Generator:
         ]
         self.t0 = 1_767_225_600_000_000  # 2026-01-01 in µs
 
-    def _text(self, n: int, k: int) -> list[str]:
-        picks = self.sentences[self.rng.integers(0, len(self.sentences), (n, k))]
-        return [" ".join(row) for row in picks]
+    def _text(self, n: int, k: int, most: int | None = None) -> list[str]:
+        """``n`` texts of ``k`` sentences (10-13 words each), or of ``k`` to ``most``."""
+        top = most or k
+        picks = self.sentences[self.rng.integers(0, len(self.sentences), (n, top))]
+        if most is None:
+            return [" ".join(row) for row in picks]
+        counts = self.rng.integers(k, top + 1, n)
+        return [" ".join(row[:c]) for row, c in zip(picks, counts, strict=True)]
+
+    def _tool_texts(self, names: Any, a: Any, b: Any, errs: Any) -> tuple[list[str], list[Any]]:
+        """Arguments (JSON) and results of tool calls as an agent makes them."""
+        n = len(names)
+        if self.shape.short_text:
+            return ([f'{{"expression": "{x} * {y}"}}' for x, y in zip(a, b, strict=True)],
+                    [None if e else str(int(x) * int(y)) for e, x, y in zip(errs, a, b,
+                                                                          strict=True)])
+        queries = self._text(n, 1)
+        found = self._text(n, 2, 4)  # 20-50 words
+        args, results = [], []
+        for i in range(n):
+            name, x, y = names[i], int(a[i]), int(b[i])
+            if name == "calculator":
+                args.append(f'{{"expression": "{x} * {y}"}}')
+                text = f"{x} * {y} = {x * y}. {found[i]}"
+            elif name == "search":
+                words = " ".join(queries[i].split()[:5]).rstrip(".")
+                args.append(json.dumps({"query": words, "top_k": 3}))
+                text = found[i]
+            else:
+                args.append(json.dumps({"code": f"print({x} * {y})"}))
+                text = f"{x * y}\n{found[i]}"
+            results.append(None if errs[i] else text)
+        return args, results
 
     def page(self, first: int, count: int) -> dict[str, pa.Table]:
         s, rng = self.shape, self.rng
@@ -125,7 +161,8 @@ class Generator:
         resp_tok = rng.integers(60, 140, (count, TURNS))
         start = self.t0 + idx * 50_000 + rng.integers(0, 1000, count)
         latency = rng.gamma(4.0, 300.0, count)
-        responses = self._text(count * TURNS, 5)
+        responses = self._text(count * TURNS, 4) if s.short_text else \
+            self._text(count * TURNS, 6, 8)  # 60-104 words  # fmt: skip
         kl = rng.gamma(1.5, 0.002, count)
         flags = [["truncated"] if t else [] for t in truncated]
         for i in np.flatnonzero(n_err >= 2):
@@ -193,6 +230,7 @@ class Generator:
         a = rng.integers(2, 999, count * TURNS)
         b = rng.integers(2, 999, count * TURNS)
         tool_names = np.array(TOOLS)[rng.integers(0, len(TOOLS), count * TURNS)]
+        arguments, results = self._tool_texts(tool_names, a, b, errs)
         calls = {
             "trace_id": turns["trace_id"],
             "step": step[rep],
@@ -200,9 +238,8 @@ class Generator:
             "turn_index": pos,
             "span_id": _hex_ids(rng, count * TURNS, 8),
             "name": tool_names,
-            "arguments": [f'{{"expression": "{x} * {y}"}}' for x, y in zip(a, b, strict=True)],
-            "result": [None if e else str(int(x) * int(y)) for e, x, y in zip(errs, a, b,
-                                                                             strict=True)],
+            "arguments": arguments,
+            "result": results,
             "error": ["timeout after 30 s" if e else None for e in errs],
             "status": np.where(errs, "ERROR", "OK"),
             "start_time": turns["start_time"] + 200_000,
@@ -267,12 +304,13 @@ def _sign(traj: dict[str, Any], calls: dict[str, Any]) -> None:
 
 def generate(out: str, n: int, *, steps: int | None = None, group: int = 4,
              tokens_per_turn: int = 0, seed: int = 0, experiment: str = "bench",
-             progress: bool = False, scenario: str = "") -> dict[str, int]:  # fmt: skip
+             progress: bool = False, scenario: str = "",
+             short_text: bool = False) -> dict[str, int]:  # fmt: skip
     """Write the tables of ``n`` trajectories into folder ``out``; returns rows per table."""
     os.makedirs(out, exist_ok=True)
     steps = steps or max(1, min(100, n // 400))
     shape = Shape(n=n, steps=steps, group=group, tokens_per_turn=tokens_per_turn,
-                  experiment=experiment, scenario=scenario)  # fmt: skip
+                  experiment=experiment, scenario=scenario, short_text=short_text)  # fmt: skip
     gen = Generator(shape, seed)
     names = ["trajectories", "turns", "tool_calls"] + (["tokens"] if tokens_per_turn else [])
     writers = {name: pq.ParquetWriter(os.path.join(out, f"{name}.parquet"), arrow_schema(name),
@@ -303,11 +341,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scenario", default="", choices=["", "hacking"],
                    help="a behaviour scenario (benchmarks/patterns_data.py)")
+    p.add_argument("--short-text", action="store_true",
+                   help="responses of ~45 words, one-number tool results (the old shape)")
     args = p.parse_args()
     t0 = time.perf_counter()
     rows = generate(args.out, args.n, steps=args.steps, group=args.group,
                     tokens_per_turn=args.tokens_per_turn, seed=args.seed, progress=True,
-                    scenario=args.scenario)
+                    scenario=args.scenario, short_text=args.short_text)
     print(f"wrote {rows} in {time.perf_counter() - t0:.1f} s to {args.out}")
 
 

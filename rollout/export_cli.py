@@ -179,9 +179,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     bar = tqdm(desc="exporting", unit="traj", disable=args.no_progress)
     if args.format == "inspect":
         return _export_inspect(args, bar, t0)
+    kwargs = _source_kwargs(args)
     try:
         summary = export(args.source, args.out, fmt=args.format, page_size=args.page_size,
-                         on_page=bar.update, **_source_kwargs(args))
+                         on_page=bar.update, **kwargs)
     except read_errors() as exc:
         bar.close()
         return fail("export", str(exc), exit_status(exc))
@@ -196,7 +197,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"exported {rows} in {summary.pages} pages, {time.perf_counter() - t0:.1f} s:")
     for path in summary.files.values():
         print(f"  {path}")
+    token_note(kwargs["tokenizers"], summary.rows.get("tokens", 0))
     return 0
+
+
+def token_note(tokenizers: Any, token_rows: int) -> None:
+    """Say so when the tokens table has ids only, and how to add their text."""
+    note = tokenizers.note(token_rows) if tokenizers is not None else None
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _export_inspect(args: argparse.Namespace, bar: Any, t0: float) -> int:
@@ -237,7 +246,15 @@ def _source_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "steps": parse_steps(args.step, args.steps),
         "validate": args.validate,
         "tokenizer": _tokenizer(args.tokenizer),
+        # without --tokenizer: the one each trace names (token2text's), when it can be loaded
+        "tokenizers": None if args.tokenizer else _trace_tokenizers(),
     }
+
+
+def _trace_tokenizers() -> Any:
+    from rollout.models import TraceTokenizers
+
+    return TraceTokenizers()
 
 
 def _tokenizer(path: str | None) -> Any:

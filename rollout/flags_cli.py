@@ -99,7 +99,9 @@ def cmd_flags(args: argparse.Namespace) -> int:
     from tracer.readers.health import analyze
 
     try:
-        tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
+        # health flags need no token text: no tokenizer is loaded
+        kwargs = _source_kwargs(args) | {"tokenizers": None}
+        tables = read_tables(args.source, allow_empty=False, **kwargs)
     except read_errors() as exc:
         return fail("flags", str(exc), exit_status(exc))
     health = analyze(tables.trajectories.to_dict("records"))

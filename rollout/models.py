@@ -236,3 +236,49 @@ def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
     model.eval()
     return model, tok
+
+
+class TraceTokenizers:
+    """The tokenizer a trace names (token2text records its ``name_or_path``), for an export's
+    tokens table: loaded once per name; a builtin model's name, a local folder, or a builtin's
+    cache folder recorded on another machine (found by its builtin name). ``missing`` says,
+    per name, why it could not be loaded; ``unnamed`` counts trajectories that name none."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, Any] = {}
+        self.missing: dict[str, str] = {}
+        self.unnamed = 0
+
+    def __call__(self, name: str | None) -> Any:
+        if name is None:
+            self.unnamed += 1
+            return None
+        if name not in self.loaded:
+            self.loaded[name] = self._load(name)
+        return self.loaded[name]
+
+    def _load(self, name: str) -> Any:
+        builtins = (SMOLLM2, TINY_QWEN3, QWEN_TOKENIZER)
+        candidates = [name] if name in builtins or Path(name).expanduser().is_dir() else []
+        base = Path(name.rstrip("/")).name
+        if base in builtins and base != name:
+            candidates.append(base)
+        why = "neither a builtin model name nor a folder on this machine"
+        for candidate in candidates:
+            try:
+                return load_tokenizer(candidate)
+            except ImportError as exc:
+                why = f"{exc.name} is not installed: pip install 'rollout-tracer[rollout]'"
+            except Exception as exc:  # a folder without tokenizer files, a broken one
+                why = f"{type(exc).__name__}: {exc}"
+        self.missing[name] = why
+        return None
+
+    def note(self, token_rows: int) -> str | None:
+        """What to tell the user when the tokens table was written without text, or None."""
+        if not token_rows or not (self.missing or (self.unnamed and not self.loaded)):
+            return None
+        why = "; ".join(f"{n}: {w}" for n, w in self.missing.items()) if self.missing else \
+            "the traces name no tokenizer (token2text records the one it used)"  # fmt: skip
+        return (f"the tokens table has token ids without their text ({why}); add --tokenizer "
+                "NAME (a builtin model name or a local Hugging Face folder)")

@@ -17,8 +17,11 @@ from rollout.explore.server import Explorer, make_server, serve_in_thread
 from rollout.explore.store import Run, Store
 
 
-def make_export(folder: Path, n: int, seed: int = 0, tokens_per_turn: int = 4) -> Path:
-    generate(str(folder), n, tokens_per_turn=tokens_per_turn, seed=seed)
+def make_export(folder: Path, n: int, seed: int = 0, tokens_per_turn: int = 4,
+                short_text: bool = True) -> Path:  # fmt: skip
+    """A generated export; short texts unless a test needs text of realistic length (they
+    make the files, the index and the copies several times smaller: quicker tests)."""
+    generate(str(folder), n, tokens_per_turn=tokens_per_turn, seed=seed, short_text=short_text)
     return folder
 
 

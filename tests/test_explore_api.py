@@ -164,6 +164,31 @@ def test_groups_flag_zero_variance(served: dict[str, Any]) -> None:
     assert get(served["base"], "api/groups")[0] == 400
 
 
+def test_one_group_side_by_side(served: dict[str, Any]) -> None:
+    rows, turns = served["rows"], served["turns"]
+    row = next(r for r in rows if r["step"] == 2 and not r["validate"])
+    mates = sorted((r for r in rows if r["step"] == 2 and not r["validate"]
+                    and r["sample_key"] == row["sample_key"]), key=lambda r: r["rollout_n"])
+    status, body = get(served["base"], "api/group", step=2, sample=row["sample_key"])
+    assert status == 200, body
+    assert [r["trace_id"] for r in body["rollouts"]] == [r["trace_id"] for r in mates]
+    assert [r["reward"] for r in body["rollouts"]] == [r["reward"] for r in mates]
+    assert abs(sum(r["advantage"] for r in body["rollouts"])) < 1e-6
+    best = max(mates, key=lambda r: r["reward"])  # the first of the best: max keeps it
+    assert body["base"] == best["rollout_n"] and body["prompt"] == row["prompt"]
+    for r in body["rollouts"]:
+        mine = [t["response_text"] for t in turns if t["trace_id"] == r["trace_id"]]
+        assert r["text"] == "\n\n".join(mine)  # every turn's words
+        if r["rollout_n"] == body["base"]:
+            assert r["diff"] is None
+        else:  # the diff rebuilds both texts
+            assert "".join(t for op, t in r["diff"] if op != "-") == r["text"]
+            base = next(x for x in body["rollouts"] if x["rollout_n"] == body["base"])
+            assert "".join(t for op, t in r["diff"] if op != "+") == base["text"]
+    assert get(served["base"], "api/group", step=2, sample="no-such")[0] == 404
+    assert get(served["base"], "api/group", sample=row["sample_key"])[0] == 400
+
+
 def test_prompt_across_steps_with_diff(served: dict[str, Any]) -> None:
     row = served["rows"][0]
     same = [r for r in served["rows"] if r["prompt"] == row["prompt"]]

@@ -388,6 +388,10 @@ def _token2text(
             attrs["token2text_error"] = "no tokenizer: call tracer.register_tokenizer(tok)"
             return
         _decode_into(label, hit[1], tokenizer, attrs, target, limits)
+        name = getattr(tokenizer, "name_or_path", None)
+        if isinstance(name, str) and name:
+            # which tokenizer made the text: an export decodes the tokens table with it
+            attrs["tokenizer"] = name
 
 
 def _decode_into(label: str, ids: Any, tokenizer: Any, attrs: dict[str, Any], target: Any,

@@ -1,5 +1,5 @@
-"""One prompt across steps (a run's) and across runs (the same step of each): the rollouts,
-rewards, and the word diff of the responses."""
+"""One prompt across steps (a run's), across runs (the same step of each) and across the n
+rollouts of its GRPO group: the rollouts, rewards, and the word diff of the responses."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rollout.explore.filters import ApiError
 from rollout.explore.store import Store
 
 MAX_PROMPT_ROWS = 400
+MAX_GROUP = 64  # rollouts shown side by side
 
 
 def prompt(store: Store, run: str | None, trace_id: str | None, text: str | None,
@@ -59,6 +60,38 @@ def compare(store: Store, step: int, text: str) -> dict[str, Any]:
         if base is None and rows:
             base = first
     return {"step": step, "prompt": text, "runs": out}
+
+
+def group(store: Store, run: str | None, step: int, sample_key: str,
+          validate: bool) -> dict[str, Any]:  # fmt: skip
+    """A GRPO group's n rollouts side by side: reward, advantage, each one's model text (its
+    turns' responses) and the word diff against the best-rewarded one (the ``base``)."""
+    t = store.table(run, "trajectories")
+    rows = store.query(f"SELECT trace_id, rollout_n, reward, finish_reason, num_tool_errors, "
+                       f"response_tokens, prompt FROM {t} WHERE step = ? AND validate = ? AND "
+                       "sample_key = ? ORDER BY rollout_n, trace_id LIMIT ?",
+                       [step, validate, sample_key, MAX_GROUP])  # fmt: skip
+    if not rows:
+        raise ApiError(f"no group {sample_key!r} at step {step} (validate={validate})", 404)
+    rewards = [r["reward"] for r in rows if r["reward"] is not None]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    std = (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5 if mean is not None \
+        else 0.0  # fmt: skip
+    for r in rows:
+        turns = store.turn_texts(run, step, r["trace_id"])
+        r["text"] = "\n\n".join(t for t in turns if t)
+        # as the groups list computes it: GRPO's advantage, (r - mean) / (std + eps)
+        r["advantage"] = None if r["reward"] is None or mean is None else \
+            (r["reward"] - mean) / (std + 1e-6)  # fmt: skip
+    best = max(rows, key=lambda r: -1e300 if r["reward"] is None else r["reward"])
+    for r in rows:
+        r["diff"] = None if r is best else word_diff(best["text"], r["text"])
+    prompt_text = rows[0].pop("prompt")
+    for r in rows[1:]:
+        r.pop("prompt")
+    return {"step": step, "sample_key": sample_key, "validate": validate, "prompt": prompt_text,
+            "mean": mean, "std": std, "base": best["rollout_n"], "rollouts": rows,
+            "truncated": len(rows) >= MAX_GROUP}  # fmt: skip
 
 
 def word_diff(old: str, new: str) -> list[list[str]]:

@@ -21,7 +21,13 @@ import threading
 import time
 from typing import Any
 
-from rollout.export_cli import _add_source_args, _source_kwargs, missing_extra
+from rollout.export_cli import (
+    _add_source_args,
+    _source_kwargs,
+    check_source,
+    missing_extra,
+    token_note,
+)
 
 SEARCH_OFF = "search is off (started with --no-search)"
 
@@ -74,10 +80,12 @@ def export_source(args: argparse.Namespace, out: str,
             raise InterruptedError("the explorer is stopping")
         bar.update(n)
 
+    kwargs = _source_kwargs(args)
     try:
-        summary = export(args.source, tmp, on_page=on_page, **_source_kwargs(args))
+        summary = export(args.source, tmp, on_page=on_page, **kwargs)
     finally:
         bar.close()
+    token_note(kwargs["tokenizers"], summary.rows.get("tokens", 0))
     if os.path.isdir(out):
         old = out + f".old{time.time_ns()}"
         os.replace(out, old)
@@ -130,10 +138,15 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from rollout.explore.store import Store
 
     t0 = time.perf_counter()
-    problem = _check_host(args) or missing_extra(("duckdb", "pyarrow"), "explore")
+    named = args.experiment is not None
+    problem = (_check_host(args) or missing_extra(("duckdb", "pyarrow"), "explore")
+               or check_source(args))  # fmt: skip
     if problem:
         print(f"rollout-tracer explore: error: {problem}", file=sys.stderr)
         return 2
+    if args.source in ("mlflow", "weave") and not named:
+        print(f"reading {args.source} experiment {args.experiment!r} (the tracer's default "
+              "project; --experiment NAME reads another)", flush=True)  # fmt: skip
     cache = cache_dir(args.cache_dir)
     try:
         runs, exported = _runs(args, cache)

@@ -27,13 +27,14 @@ same row groups by statistics, but plans and schedules a scan over all of them (
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
 import shutil
 import threading
 from typing import Any
 
-VERSION = 4
+VERSION = 5
 # long texts left out of rows.arrow (read from rows.parquet when asked for)
 LONG = ("prompt_text", "response_text", "messages")
 # rows per row group: large where DuckDB scans, small where one trajectory is read
@@ -52,7 +53,12 @@ def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str,
     """Write the compacted copy of the export folder ``src`` into ``out`` (atomically: a
     ``.building`` folder renamed when complete), with a DuckDB connection of its own whose
     sorts spill into that folder beyond ``memory_limit``. ``stop`` ends it early (InterruptedError);
-    the connection sits in ``running`` meanwhile, so a closing server can interrupt it."""
+    the connection sits in ``running`` meanwhile, so a closing server can interrupt it.
+
+    Memory stays within ``memory_limit`` whatever the export's size: the tables in the
+    export's order are streamed batch by batch with pyarrow, and each sorted table is sorted
+    a slice at a time (consecutive steps holding at most an eighth of the limit in text;
+    a larger step is cut by trace id), the slices appended in order to one file."""
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -61,7 +67,9 @@ def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str,
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     cur = duckdb.connect(":memory:", config={"threads": threads, "memory_limit": memory_limit,
-                                             "temp_directory": os.path.join(tmp, "spill")})
+                                             "temp_directory": os.path.join(tmp, "spill"),
+                                             # every copy here has its ORDER BY
+                                             "preserve_insertion_order": False})  # fmt: skip
     running = running if running is not None else set()
     running.add(cur)
 
@@ -69,36 +77,32 @@ def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str,
         if stop is not None and stop.is_set():
             raise InterruptedError("the explorer is stopping")
 
+    traj_file = os.path.join(src, "trajectories.parquet")
     try:
-
-        def copy(select: str, name: str) -> None:
-            check()
-            to = quote(os.path.join(tmp, name + ".parquet"))
-            cur.execute(f"COPY ({select}) TO {to} (FORMAT parquet, COMPRESSION zstd, "
-                        f"ROW_GROUP_SIZE {ROW_GROUPS[name]})")  # fmt: skip
-
-        traj = f"read_parquet({quote(os.path.join(src, 'trajectories.parquet'))}"
-        copy(f"SELECT * FROM {traj})", "trajectories")
-        copy(f"SELECT trace_id, step, file_row_number AS rn FROM {traj}, file_row_number = true)"
-             " ORDER BY trace_id", "ids")  # fmt: skip
+        # the export's order is the row number: pyarrow keeps it, batch by batch
+        _stream(traj_file, os.path.join(tmp, "trajectories.parquet"),
+                ROW_GROUPS["trajectories"], check)  # fmt: skip
+        traj = f"read_parquet({quote(traj_file)}"
+        cur.execute(f"COPY (SELECT trace_id, step, file_row_number AS rn FROM {traj}, "
+                    f"file_row_number = true) ORDER BY trace_id) TO "
+                    f"{quote(os.path.join(tmp, 'ids.parquet'))} (FORMAT parquet, COMPRESSION "
+                    f"zstd, ROW_GROUP_SIZE {ROW_GROUPS['ids']})")  # fmt: skip
+        budget = parse_bytes(memory_limit) // 8
         for table in PER_TRAJECTORY:
             if table in tables:
-                copy(f"SELECT * FROM read_parquet({quote(os.path.join(src, table + '.parquet'))})"
-                     " ORDER BY step NULLS LAST, trace_id", table)  # fmt: skip
+                _sorted_copy(cur, os.path.join(src, table + ".parquet"),
+                             os.path.join(tmp, table + ".parquet"), ROW_GROUPS[table], budget,
+                             check)  # fmt: skip
         row = cur.execute(f"SELECT count(*), min(reward), max(reward) FROM {traj})").fetchone()
         n, lo, hi = row if row is not None else (0, None, None)
     finally:
         running.discard(cur)
         cur.close()
     shutil.rmtree(os.path.join(tmp, "spill"), ignore_errors=True)
-    # DuckDB's writer does not go below its own chunk size; pyarrow writes exactly these
     f = pq.ParquetFile(os.path.join(tmp, "trajectories.parquet"))
+    _stream(os.path.join(tmp, "trajectories.parquet"), os.path.join(tmp, "rows.parquet"),
+            ROW_GROUPS["rows"], check)  # fmt: skip
     size = ROW_GROUPS["rows"]
-    with pq.ParquetWriter(os.path.join(tmp, "rows.parquet"), f.schema_arrow,
-                          compression="zstd") as w:  # fmt: skip
-        for batch in f.iter_batches(batch_size=size):
-            check()
-            w.write_batch(batch, row_group_size=size)
     short = [n for n in f.schema_arrow.names if n not in LONG]
     schema = f.schema_arrow
     with pa.OSFile(os.path.join(tmp, "rows.arrow"), "wb") as sink, \
@@ -111,6 +115,107 @@ def build(src: str, tables: set[str], out: str, threads: int, memory_limit: str,
     if os.path.isdir(out):
         shutil.rmtree(out)
     os.replace(tmp, out)
+
+
+def _stream(src: str, dest: str, rows: int, check: Any) -> None:
+    """Copy a Parquet file in its order into row groups of ``rows`` (one batch in memory)."""
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(src)
+    with pq.ParquetWriter(dest, f.schema_arrow, compression="zstd") as w:
+        for batch in f.iter_batches(batch_size=rows):
+            check()
+            w.write_batch(batch, row_group_size=rows)
+
+
+def _sorted_copy(cur: Any, src: str, dest: str, rows: int, budget: int, check: Any) -> None:
+    """``src`` sorted by (step NULLS LAST, trace_id) into ``dest``, a slice at a time: each
+    slice is sorted by DuckDB within its memory and its batches appended to the file."""
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(src).metadata
+    per_row = max(1, sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+                  // max(1, md.num_rows))  # uncompressed bytes  # fmt: skip
+    cap = max(rows, budget // per_row)  # rows sorted at once
+    table = f"read_parquet({quote(src)})"
+    writer = None
+    try:
+        for where, params in _slices(cur, table, cap):
+            check()
+            rel = cur.sql(f"SELECT * FROM {table} WHERE {where} ORDER BY step NULLS LAST, "
+                          "trace_id", params=params)  # fmt: skip
+            # DuckDB 2 renamed fetch_record_batch (1.x) to_arrow_reader
+            stream = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
+            reader = stream(rows)
+            if writer is None:
+                writer = pq.ParquetWriter(dest, reader.schema, compression="zstd")
+            for batch in reader:
+                check()
+                writer.write_batch(batch, row_group_size=rows)
+        if writer is None:  # an empty table: an empty file with its schema
+            empty = cur.sql(f"SELECT * FROM {table} LIMIT 0")
+            schema = (getattr(empty, "to_arrow_table", None) or empty.fetch_arrow_table)().schema
+            writer = pq.ParquetWriter(dest, schema, compression="zstd")
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _slices(cur: Any, table: str, cap: int) -> list[tuple[str, list[Any]]]:
+    """WHERE clauses that cut ``table`` into slices of at most about ``cap`` rows, in the
+    sorted order: runs of consecutive steps, a step larger than ``cap`` cut at trace id
+    quantiles, the rows without a step last."""
+    counts = cur.execute(f"SELECT step, count(*) FROM {table} GROUP BY step "
+                         "ORDER BY step NULLS LAST").fetchall()  # fmt: skip
+    out: list[tuple[str, list[Any]]] = []
+    run: list[Any] = []  # steps of the slice being gathered, and their rows
+    held = 0
+
+    def flush() -> None:
+        nonlocal held
+        if run:
+            out.append(("step BETWEEN ? AND ?", [run[0], run[-1]]))
+            run.clear()
+            held = 0
+
+    for step, n in counts:
+        if step is not None and n <= cap and held + n <= cap:
+            run.append(step)
+            held += n
+            continue
+        flush()
+        if step is not None and n <= cap:
+            run.append(step)
+            held = n
+            continue
+        cond, params = ("step IS NULL", []) if step is None else ("step = ?", [step])
+        parts = -(-n // cap)
+        if parts <= 1:
+            out.append((cond, params))
+            continue
+        cuts = cur.execute(f"SELECT quantile_disc(trace_id, ?) FROM {table} WHERE {cond}",
+                           [[i / parts for i in range(1, parts)], *params]).fetchall()[0][0]
+        edges = [None, *sorted(set(cuts)), None]
+        for lo, hi in itertools.pairwise(edges):
+            parts_sql = [cond] + (["trace_id >= ?"] if lo is not None else []) + \
+                (["trace_id < ?"] if hi is not None else [])  # fmt: skip
+            out.append((" AND ".join(parts_sql),
+                        [*params, *([lo] if lo is not None else []),
+                         *([hi] if hi is not None else [])]))  # fmt: skip
+    flush()
+    return out
+
+
+def parse_bytes(size: str) -> int:
+    """``"1GB"``, ``"512MiB"``, ``"64 MB"`` -> bytes (DuckDB's memory_limit syntax)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?i?B)?\s*", size, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"memory limit {size!r}: expected a size such as 1GB or 512MB")
+    unit = (m.group(2) or "B").upper()
+    power = "BKMGT".index(unit[0]) if unit[0] in "KMGT" else 0
+    return int(float(m.group(1)) * (1024 if "I" in unit else 1000) ** power)
 
 
 def summary(folder: str) -> dict[str, Any]:

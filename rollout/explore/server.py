@@ -19,6 +19,9 @@
                                        (step is optional: it makes the lookup read one step)
     GET /api/groups?step=3&validate=false&zero=true&page=0&size=20
                                        a step's GRPO groups, rewards and advantages
+    GET /api/group?step=3&sample=7&validate=false
+                                       one GRPO group's rollouts side by side: rewards,
+                                       advantages, texts, word diffs against the best one
     GET /api/prompt?id=<trace_id> | ?prompt=<text>
                                        one prompt across steps, with the word diff between steps
     GET /api/steps                     metrics per step
@@ -48,7 +51,7 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from rollout.explore import across
+from rollout.explore import across, steps
 from rollout.explore.cache import prune_folder
 from rollout.explore.filters import ApiError, parse_int
 from rollout.explore.scan import SCAN_SECONDS, scan
@@ -184,10 +187,15 @@ class Explorer:
         step = parse_int(q, "step", 0, -(2**62), 2**62)
         if _one(q, "step") is None:
             raise ApiError("step: required (the training step whose groups to show)")
-        return self.store.groups(_one(q, "run"), step, _flag(q, "validate", False),
-                                 parse_int(q, "page", 0, 0, MAX_PAGE),
-                                 parse_int(q, "size", 20, 1, 200),
-                                 _flag(q, "zero", False))  # fmt: skip
+        return steps.groups(self.store, _one(q, "run"), step, _flag(q, "validate", False),
+                            parse_int(q, "page", 0, 0, MAX_PAGE), parse_int(q, "size", 20, 1, 200),
+                            _flag(q, "zero", False))  # fmt: skip
+
+    def _group(self, q: dict[str, list[str]]) -> Any:
+        if _one(q, "step") is None:
+            raise ApiError("step: required (the training step of the group)")
+        return across.group(self.store, _one(q, "run"), parse_int(q, "step", 0, -(2**62), 2**62),
+                            _required(q, "sample"), _flag(q, "validate", False))  # fmt: skip
 
     def _prompt(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
@@ -195,7 +203,7 @@ class Explorer:
                             step)  # fmt: skip
 
     def _steps(self, q: dict[str, list[str]]) -> Any:
-        return {"steps": self.store.steps(_one(q, "run"))}
+        return {"steps": steps.steps(self.store, _one(q, "run"))}
 
     def _compare(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62)
@@ -239,6 +247,7 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/search": (Explorer._search, {"q", "in", "step", "page", "size"}),
     "/api/trajectory": (Explorer._trajectory, {"id", "step"}),
     "/api/groups": (Explorer._groups, {"step", "validate", "zero", "page", "size"}),
+    "/api/group": (Explorer._group, {"step", "sample", "validate"}),
     "/api/prompt": (Explorer._prompt, {"id", "prompt", "step"}),
     "/api/steps": (Explorer._steps, set()),
     "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),

@@ -171,7 +171,8 @@ class Store:
             raise ApiError(f"unknown run {name!r}; runs: {', '.join(self.runs)}", 404)
         return f"{self._view[name]}_{table}"
 
-    def _cached(self, key: tuple[Any, ...], make: Any) -> Any:
+    def cached(self, key: tuple[Any, ...], make: Any) -> Any:
+        """The in-memory answer kept under ``key``, or ``make()``'s (then kept)."""
         return self.cache.get(key, make)
 
     def _file(self, run: str | None, kind: str) -> Any:
@@ -213,7 +214,7 @@ class Store:
             row = self.query(f"SELECT count(*) n, min(reward) lo, max(reward) hi FROM {t}")[0]
             return {"trajectories": row["n"], "reward_lo": row["lo"], "reward_hi": row["hi"]}
 
-        return dict(self._cached(("summary", name, r.folder), make))
+        return dict(self.cached(("summary", name, r.folder), make))
 
     def list_page(self, query: dict[str, list[str]], run: str | None, page: int, size: int,
              sort: str | None, columns: str | None,
@@ -279,7 +280,7 @@ class Store:
                     else None, "histogram": bins[used[0]:used[-1] + 1] if used else []}  # fmt: skip
 
         key = ("selection", run or next(iter(self.runs)), t, where.sql, repr(where.params))
-        return dict(self._cached(key, make))
+        return dict(self.cached(key, make))
 
     def locate(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
         """The trajectory's row: by id in the compacted copy; else ``step`` (when the caller
@@ -316,6 +317,12 @@ class Store:
         return self.query(f"SELECT {_names(columns)} FROM {self.table(run, table)} WHERE {cond} "
                           f"ORDER BY {order}", params)  # fmt: skip
 
+    def turn_texts(self, run: str | None, step: Any, trace_id: str) -> list[str | None]:
+        """One trajectory's responses, turn by turn."""
+        rows = self._per_trajectory(run, "turns", step, trace_id,
+                                    ["turn_index", "response_text"], "turn_index")  # fmt: skip
+        return [r["response_text"] for r in rows]
+
     def trajectory(self, run: str | None, trace_id: str, step: int | None = None) -> dict[str, Any]:
         from tracer.readers.schema import arrow_schema
 
@@ -331,16 +338,17 @@ class Store:
         calls = self._per_trajectory(run, "tool_calls", step, trace_id, columns("tool_calls"),
                                      "call_index")  # fmt: skip
         out: dict[str, Any] = {"trajectory": row, "turns": turns, "tool_calls": calls, "tokens": {},
-               "token_fields": list(TOKEN_FIELDS), "scales": {}}  # fmt: skip
+               "token_fields": list(TOKEN_FIELDS), "scales": {}, "token_text": False}  # fmt: skip
         if "tokens" in r.tables:
             toks = self._per_trajectory(run, "tokens", step, trace_id,
                                         ["turn", "position", "token", "token_id", "loss_mask",
                                          *TOKEN_FIELDS], "position")  # fmt: skip
             toks = [tok for tok in toks if tok["loss_mask"] == 1]
+            # per token: its text (None when the export had no tokenizer), the values, its id
             for tok in toks:
-                text = tok["token"] if tok["token"] is not None else f"⟨{tok['token_id']}⟩"
                 out["tokens"].setdefault(str(tok["turn"]), []).append(
-                    [text, *(_round(tok[f]) for f in TOKEN_FIELDS)])
+                    [tok["token"], *(_round(tok[f]) for f in TOKEN_FIELDS), tok["token_id"]])
+            out["token_text"] = bool(toks) and all(tok["token"] is not None for tok in toks)
             if toks:
                 out["scales"] = self.scales(run, step)
         if r.mlflow:
@@ -372,39 +380,8 @@ class Store:
                     out[m] = v if v and v > 0 else 1.0
             return out
 
-        return dict(self._cached(("scales", name), make))
+        return dict(self.cached(("scales", name), make))
 
-    def groups(self, run: str | None, step: int, validate: bool, page: int, size: int,
-               zero_only: bool) -> dict[str, Any]:  # fmt: skip
-        t = self.table(run, "trajectories")
-        having = "HAVING count(*) > 1 AND min(reward) = max(reward)" if zero_only else ""
-        base = (f"SELECT sample_key, any_value(prompt) prompt, count(*) n, avg(reward) mean, "
-                f"stddev_pop(reward) std, min(reward) = max(reward) AND count(*) > 1 zero_variance,"
-                f" list({{'trace_id': trace_id, 'rollout_n': rollout_n, 'reward': reward, "
-                f"'finish_reason': finish_reason, 'response_tokens': response_tokens, "
-                f"'num_tool_errors': num_tool_errors, 'response_text': left(response_text, 300)}}"
-                f" ORDER BY rollout_n) rollouts FROM {t} WHERE step = ? AND validate = ? "
-                f"GROUP BY sample_key {having}")  # fmt: skip
-        rows = self.query(f"{base} ORDER BY TRY_CAST(sample_key AS BIGINT), sample_key "
-                          "LIMIT ? OFFSET ?", [step, validate, size, page * size])  # fmt: skip
-        total = self.query(f"SELECT count(*) n, count(*) FILTER (zero_variance) z FROM ({base})",
-                           [step, validate])[0]  # fmt: skip
-        for g in rows:
-            std = g["std"] or 0.0
-            for r in g["rollouts"]:
-                rew = r["reward"]
-                r["advantage"] = None if rew is None else (rew - g["mean"]) / (std + 1e-6)
-        return {"step": step, "validate": validate, "page": page, "size": size,
-                "total": int(total["n"]), "zero_variance": int(total["z"]),
-                "groups": rows}  # fmt: skip
-
-    def steps(self, run: str | None) -> list[dict[str, Any]]:
-        t = self.table(run, "trajectories")
-        return list(self._cached(("steps", run), lambda: self.query(
-            f"SELECT step, validate, count(*) n, avg(reward) reward, avg(response_tokens) length,"
-            f" 1 - sum(num_tool_errors) / nullif(sum(num_tool_calls), 0) tool_success, "
-            f"avg(mismatch_kl_mean) mismatch_kl, avg(ref_kl_mean) ref_kl FROM {t} "
-            "WHERE step IS NOT NULL GROUP BY step, validate ORDER BY validate, step")))  # fmt: skip
 
 def _names(columns: list[str]) -> str:
     """Column names checked against the export schema (never other input), quoted."""

@@ -97,11 +97,14 @@ def export_pages(
     on_page: Callable[[int], None] | None = None,
     tokenizer: Any = None,
     step_flags: bool = True,
+    *,
+    tokenizers: Callable[[str | None], Any] | None = None,
 ) -> ExportSummary:
     """Write ``out/{trajectories,turns,tool_calls,tokens}.{parquet,jsonl}`` in one pass over
     ``pages``; only one page of records is in memory at a time. ``on_page(n)`` is called after
     each page of n trajectories (e.g. a progress bar's ``update``); ``tokenizer`` fills the
-    tokens table's ``token`` text.
+    tokens table's ``token`` text, else ``tokenizers`` (see ``records_rows``) does with the
+    tokenizer each trajectory names.
 
     Step health flags need every trajectory of a step, so the trajectories table is written
     last: its rows wait in a temporary JSON-lines file next to the output (one small row per
@@ -124,7 +127,7 @@ def export_pages(
     stage = tempfile.mkdtemp(prefix=".export-partial-", dir=out)
     try:
         summary = _write_tables(itertools.chain([first], pages), stage, fmt, on_page,
-                                tokenizer, step_flags)
+                                tokenizer, step_flags, tokenizers)
         files = {}
         for name, path in summary.files.items():
             files[name] = os.path.join(out, os.path.basename(path))
@@ -146,6 +149,7 @@ def _write_tables(
     on_page: Callable[[int], None] | None,
     tokenizer: Any,
     step_flags: bool,
+    tokenizers: Callable[[str | None], Any] | None = None,
 ) -> ExportSummary:
     files = {name: os.path.join(out, f"{name}.{fmt}") for name in TABLES}
     writers: dict[str, Any] = {
@@ -160,7 +164,7 @@ def _write_tables(
     try:
         with open(held, "w", encoding="utf-8") as pending:
             for page in pages:
-                rows = records_rows(page, tokenizer)
+                rows = records_rows(page, tokenizer, tokenizers)
                 for name, writer in writers.items():
                     table_rows = rows.table(name)
                     counts[name] += len(table_rows)
@@ -221,6 +225,7 @@ def export(
     page_size: int = 500,
     on_page: Callable[[int], None] | None = None,
     tokenizer: Any = None,
+    tokenizers: Callable[[str | None], Any] | None = None,
 ) -> ExportSummary:
     """Export trajectories stored by a backend (``mlflow``, ``jsonl``, ``weave``) to the
     tables (see ``export_pages``). ``entity`` is the W&B entity of a Weave project (default
@@ -234,7 +239,7 @@ def export(
         selection=Selection(steps, validate),
         page_size=page_size,
     )
-    return export_pages(pages, out, fmt, on_page, tokenizer)
+    return export_pages(pages, out, fmt, on_page, tokenizer, tokenizers=tokenizers)
 
 
 _HEALTH_COLUMNS = ("trace_id", "step", "validate", "sample_key", "reward", "accuracy",
@@ -263,6 +268,7 @@ def read_tables(
     validate: bool | None = None,
     tokenizer: Any = None,
     allow_empty: bool = True,
+    tokenizers: Callable[[str | None], Any] | None = None,
 ) -> Tables:
     """The tables as pandas DataFrames (everything in memory: for large runs export to
     Parquet and query it with DuckDB or polars). ``source="parquet"`` reads an export
@@ -271,7 +277,7 @@ def read_tables(
     the commands do)."""
     try:
         return _read_tables(source, experiment, tracking_uri, path, entity, steps, validate,
-                            tokenizer)  # fmt: skip
+                            tokenizer, tokenizers)  # fmt: skip
     except NoTrajectories:
         if not allow_empty:
             raise
@@ -280,7 +286,8 @@ def read_tables(
 
 def _read_tables(source: str, experiment: str | None, tracking_uri: str | None,
                  path: str | None, entity: str | None, steps: Sequence[int] | None,
-                 validate: bool | None, tokenizer: Any) -> Tables:  # fmt: skip
+                 validate: bool | None, tokenizer: Any,
+                 tokenizers: Callable[[str | None], Any] | None = None) -> Tables:  # fmt: skip
     if source == "parquet":
         return read_parquet_dir(str(path), steps, validate)
     rows = Rows()
@@ -292,7 +299,7 @@ def _read_tables(source: str, experiment: str | None, tracking_uri: str | None,
         entity=entity,
         selection=Selection(steps, validate),
     ):
-        rows.extend(records_rows(page, tokenizer))
+        rows.extend(records_rows(page, tokenizer, tokenizers))
     if not rows.trajectories:  # a source that does not say so itself (weave)
         raise no_match(f"{source} {experiment or path or ''}".strip(), Selection(steps, validate),
                        None)  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,8 +325,25 @@ def _flags(record: TrajectoryRecord, turns: list[Row], tools: list[Row]) -> list
     return sorted(flags, key=FLAGS.index)
 
 
-def records_rows(records: list[TrajectoryRecord], tokenizer: Any = None) -> Rows:
+def tokenizer_name(record: TrajectoryRecord) -> str | None:
+    """The tokenizer token2text decoded the trajectory with, as its generate spans name it
+    (``name_or_path``: a model name or a folder), or None."""
+    for span in record.spans:
+        name = span.attributes.get("tokenizer") if span.kind == "generate" else None
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+def records_rows(records: list[TrajectoryRecord], tokenizer: Any = None,
+                 tokenizers: Callable[[str | None], Any] | None = None) -> Rows:  # fmt: skip
+    """The rows of ``records``; the tokens table's text comes from ``tokenizer``, else from
+    ``tokenizers(name)`` with the name each trajectory's token2text recorded (None when it
+    recorded none), which returns a tokenizer or None."""
     rows = Rows()
     for record in records:
-        rows.extend(record_rows(record, tokenizer))
+        tok = tokenizer
+        if tok is None and tokenizers is not None:
+            tok = tokenizers(tokenizer_name(record))
+        rows.extend(record_rows(record, tok))
     return rows
