@@ -474,7 +474,7 @@ def test_server_back_after_last_step_within_flush_timeout(tmp_path: Path) -> Non
         assert len(keys) == 150 and len(set(keys)) == 150
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
 
 
 @pytest.mark.slow
@@ -511,4 +511,4 @@ def test_server_down_at_shutdown_prints_replay_command_that_stores_everything_on
         assert len(rewards) == 60  # one reward each, none added twice by the second replay
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for

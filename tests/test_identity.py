@@ -268,7 +268,7 @@ def test_annotate_right_after_the_trajectory_waits_for_the_backend(tmp_path: Pat
         assert [s.name for s in trace.data.spans].count("annotation") == 1
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
 
 
 def test_annotations_reach_the_latest_attempt_or_the_one_named(mlflow_uri: str) -> None:

@@ -69,7 +69,7 @@ def test_server_killed_mid_run_and_restarted_stores_exactly_500(tmp_path: Path):
         assert all(len(t.data.spans) == 3 for t in traces)
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
 
 
 def test_reward_requests_that_fail_mid_batch_are_retried_once_each(
