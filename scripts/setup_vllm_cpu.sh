@@ -109,6 +109,13 @@ fi
     || { log "ERROR: 'import rollout, tracer' fails in $VENV"; exit 1; }
 done_step
 
+# The repo's pytest options (pyproject.toml addopts) name pytest-xdist's -n and --dist: without
+# it pytest stops at "unrecognized arguments". Outside the stamp, so an existing venv gets it
+# without a reinstall; run this venv's tests with -n 0 (one module, one engine, one process).
+step "installing pytest-xdist (the repo's addopts use it)"
+pip_run install -q "pytest-xdist>=3.5"
+done_step
+
 log "venv size: $(du -sh "$VENV" 2>/dev/null | cut -f1)"
 log "total: ${SECONDS}s"
-log "run the tests with: $VENV/bin/python -m pytest $REPO_ROOT/tests/test_vllm_engine.py -m vllm"
+log "run the tests with: $VENV/bin/python -m pytest $REPO_ROOT/tests/test_vllm_engine.py -m vllm -n 0"

@@ -55,6 +55,9 @@ def test_otlp_down_others_get_everything(
             "export_timeout_s": 1.0,
             "export_max_retries": 1,
             "flush_interval_s": 0.1,
+            # nothing listens at the end either: the teardown's shutdown gives up on OTLP after
+            # 1 s instead of probing it for the default 10
+            "shutdown_timeout_s": 1.0,
             "raise_internal_errors": True,
         }
     )

@@ -26,6 +26,7 @@ import tracer
 import tracer.spool as spool_mod
 from tests._disks import full_disk
 from tests._servers import free_port, start_mlflow_server
+from tests._wait import wait_for
 from tests.conftest import search_traces
 from tracer.backends import register_backend
 from tracer.backends.base import ExportResult
@@ -195,8 +196,9 @@ def test_full_spool_disk_exports_from_memory_and_recovers(
         assert m["tracer/flaky/spool_errors"] >= 1 and m["tracer/flaky/dropped"] == 0
         FAULTS.down = True  # disk full *and* the backend down: memory holds the batches
         trace(20, step=1)
-        time.sleep(1.0)
-        assert reconciles("flaky")["tracer/flaky/pending"] == 20
+        wait_for(lambda: tracer.metrics()["tracer/flaky/down"], "the export to fail (down)")
+        m = reconciles("flaky")
+        assert m["tracer/flaky/pending"] == 20 and m["tracer/flaky/dropped"] == 0
         FAULTS.down = False
         free_space()  # space is back: the spool works again
         trace(20, step=2)
@@ -213,9 +215,9 @@ def test_deleted_spool_file_is_counted_and_the_rest_exported(tmp_path: Path, mlf
     tracer.init(base_config(tmp_path, mlflow_uri, max_buffer_trajectories=10))
     FAULTS.down = True
     trace(50)
-    time.sleep(1.5)  # the worker tried, failed and marked the backend down
+    wait_for(lambda: tracer.metrics()["tracer/flaky/down"], "the export to fail (down)")
+    wait_for(lambda: _spooled_lines(tmp_path) == 50, "the 50 trajectories in the spool")
     files = sorted((tmp_path / "spool").glob("flaky-*/*.jsonl"))
-    assert sum(len(p.read_text().splitlines()) for p in files) == 50
     victim = files[len(files) // 2]
     lost = len(victim.read_text().splitlines())
     victim.unlink()  # someone cleans the folder while the backend is down
@@ -263,16 +265,21 @@ def test_hung_exporter_flush_honours_timeout_and_shutdown_never_overlaps(
     assert sum(1 for _ in (tmp_path / "spool").glob("flaky-*/*.jsonl")) == 1
 
 
+def _spooled_lines(tmp_path: Path) -> int:
+    files = (tmp_path / "spool").glob("flaky-*/*.jsonl")
+    return sum(len(p.read_text().splitlines()) for p in files)
+
+
 def test_init_twice_while_backend_down_overwrites_nothing(tmp_path: Path, mlflow_uri: str):
     tracer.init(base_config(tmp_path, mlflow_uri, shutdown_timeout_s=0.5))
     FAULTS.down = True
     trace(20, step=0)
-    time.sleep(1.0)
+    wait_for(lambda: tracer.metrics()["tracer/flaky/down"], "the export to fail (down)")
+    wait_for(lambda: _spooled_lines(tmp_path) == 20, "the first tracer's 20 in the spool")
     tracer.init(base_config(tmp_path, mlflow_uri))  # the old one leaves its batches behind
     trace(20, step=1)
-    time.sleep(1.0)
-    files = list((tmp_path / "spool").glob("flaky-*/*.jsonl"))
-    assert sum(len(p.read_text().splitlines()) for p in files) == 40  # none overwritten
+    # none overwritten: the second tracer's 20 are added to the first's
+    wait_for(lambda: _spooled_lines(tmp_path) == 40, "both tracers' 40 in the spool", 30)
     FAULTS.down = False
     assert tracer.flush(60)
     m = reconciles("flaky")
@@ -338,7 +345,8 @@ def test_unexpected_error_in_each_background_loop_is_counted_and_the_loop_goes_o
     monkeypatch.setattr(ExportWorker, "_step", once(ExportWorker._step))
     tracer.init(base_config(tmp_path, mlflow_uri, raise_internal_errors=raise_internal_errors))
     trace(5, step=0)  # the first batch meets the processor's bug: lost, and counted
-    time.sleep(0.5)
+    wait_for(lambda: tracer.metrics().get("tracer/dropped/internal_error") == 5,
+             "the first batch to be dropped by the injected bug")  # fmt: skip
     trace(5, step=1)
     if raise_internal_errors:  # the project's own tests see the bug...
         with pytest.raises(RuntimeError, match="injected bug"):
@@ -385,14 +393,15 @@ def test_stalled_backend_20000_trajectories_none_dropped(tmp_path: Path) -> None
     tracer.init(backend="stalled20k", spool_dir=str(tmp_path / "spool"),
                 max_buffer_trajectories=500, flush_interval_s=0.1)  # fmt: skip
     trace(20_000)
-    time.sleep(0.5)
+
+    def on_disk() -> int:
+        files = (tmp_path / "spool").glob("stalled20k-*/*.jsonl")
+        return sum(len(p.read_bytes().splitlines()) for p in files)
+
+    wait_for(lambda: on_disk() == 20_000, "all 20,000 in the spool", 120)
     m = reconciles("stalled20k")
     assert m["tracer/stalled20k/dropped"] == 0 and m["tracer/dropped_buffer_full"] == 0
     assert m["tracer/overflowed_to_spool"] > 0  # the hot buffer was full: spool, not drop
-    on_disk = sum(
-        len(p.read_bytes().splitlines()) for p in (tmp_path / "spool").glob("stalled20k-*/*.jsonl")
-    )
-    assert on_disk == 20_000
     _Stalled.release.set()
     assert tracer.flush(120)
     assert reconciles("stalled20k")["tracer/stalled20k/exported"] == 20_000
@@ -412,7 +421,8 @@ def test_tiny_spool_drops_are_counted_by_reason_and_memory_stays_bounded(tmp_pat
         if i % 20 == 0:
             peak = max(peak, _rss())
             time.sleep(0.01)
-    time.sleep(1.0)
+    wait_for(lambda: tracer.metrics()["tracer/queue_depth"] == 0,
+             "the processor to take all 300 (kept, spooled or dropped)")  # fmt: skip
     peak = max(peak, _rss())
     m = reconciles("stalled20k")
     dropped = {k.rsplit("/", 1)[1]: v for k, v in m.items()
@@ -464,7 +474,7 @@ def test_server_back_after_last_step_within_flush_timeout(tmp_path: Path) -> Non
         assert len(keys) == 150 and len(set(keys)) == 150
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
 
 
 @pytest.mark.slow
@@ -501,4 +511,4 @@ def test_server_down_at_shutdown_prints_replay_command_that_stores_everything_on
         assert len(rewards) == 60  # one reward each, none added twice by the second replay
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import tracer
-from tests._servers import free_port, start_mlflow_server
+from tests._servers import MlflowServer, free_port, start_mlflow_server
 from tests.conftest import search_traces
 from tracer.ids import derived_trace_id
 from tracer.readers.sources import iter_jsonl
@@ -26,9 +26,9 @@ EXP = "identity"
 UNTESTED_VERSION = "3.17.99"  # an MLflow release the bulk writer was never run on
 
 
-def _two_attempts(**config: Any) -> None:
+def _two_attempts(exp: str = EXP, **config: Any) -> None:
     """One identity run twice (a retried sample), rewards 0.25 then 0.75; then another."""
-    tracer.init(project_name=EXP, experiment_name="run", run_salt=SALT,
+    tracer.init(project_name=exp, experiment_name="run", run_salt=SALT,
                 raise_internal_errors=True, **config)  # fmt: skip
 
     @tracer.trace_op(kind="reward")
@@ -70,10 +70,10 @@ def test_a_retried_sample_is_two_lines_in_jsonl(tmp_path: Path) -> None:
     assert retried[1].tags()["attempt"] == "1"
 
 
-def _mlflow_rewards(uri: str) -> dict[tuple[str, str], list[float]]:
+def _mlflow_rewards(uri: str, exp: str = EXP) -> dict[tuple[str, str], list[float]]:
     """(sample_index, attempt) -> its reward assessments, read with MLflow's client."""
     out: dict[tuple[str, str], list[float]] = {}
-    for t in search_traces(uri, EXP):
+    for t in search_traces(uri, exp):
         key = (t.info.tags["sample_index"], t.info.tags["attempt"])
         assert key not in out, key
         out[key] = [a.value for a in t.info.assessments if a.name == "reward"]
@@ -105,18 +105,14 @@ def test_a_retried_sample_is_two_traces_in_sqlite_mlflow(
     assert got == [(7, 0, 0.25), (7, 1, 0.75), (8, 0, 1.0)]
 
 
-def test_a_retried_sample_is_two_traces_on_a_tracking_server(tmp_path: Path) -> None:
-    pytest.importorskip("mlflow")
-    root = tmp_path / "server"
-    root.mkdir()
-    server = start_mlflow_server(root, free_port())
-    try:
-        _two_attempts(backend="mlflow", tracking_uri=server.url, spool_dir=str(tmp_path / "s"))
-        assert _mlflow_rewards(server.url) == {
-            ("7", "0"): [0.25], ("7", "1"): [0.75], ("8", "0"): [1.0]}  # fmt: skip
-    finally:
-        tracer.reset()
-        server.stop()
+def test_a_retried_sample_is_two_traces_on_a_tracking_server(
+    tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    exp = f"{EXP}-{tmp_path.name}"  # the session's server: an experiment of our own
+    _two_attempts(exp, backend="mlflow", tracking_uri=mlflow_server.url,
+                  spool_dir=str(tmp_path / "s"))  # fmt: skip
+    assert _mlflow_rewards(mlflow_server.url, exp) == {
+        ("7", "0"): [0.25], ("7", "1"): [0.75], ("8", "0"): [1.0]}  # fmt: skip
 
 
 def test_attempts_can_be_named_and_count_on_from_there(tmp_path: Path) -> None:
@@ -141,13 +137,13 @@ def test_attempts_can_be_named_and_count_on_from_there(tmp_path: Path) -> None:
     assert len(counter._steps) == counter.kept_steps
 
 
-def _mlflow_store(uri: str) -> dict[str, Any]:
+def _mlflow_store(uri: str, exp: str = EXP) -> dict[str, Any]:
     """What MLflow's client reads back: per trace id, its spans, duration and rewards."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     out = {}
-    for found in search_traces(uri, EXP):
+    for found in search_traces(uri, exp):
         trace = client.get_trace(found.info.trace_id)
         out[trace.info.trace_id] = (
             sorted((s.span_id, s.name, s.start_time_ns, s.end_time_ns) for s in trace.data.spans),
@@ -158,9 +154,11 @@ def _mlflow_store(uri: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("target", ["sqlite", "server"])
+@pytest.mark.parametrize(
+    "target", ["sqlite", pytest.param("server", marks=pytest.mark.xdist_group("servers"))]
+)
 def test_both_writers_keep_the_first_record_of_a_trace_id(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, target: str
 ) -> None:
     """Re-sent ids: a replayed batch, a retry not flagged as one, and a different trajectory
     carrying a stored id (the same attempt named twice). Every writer keeps the first record
@@ -193,37 +191,30 @@ def test_both_writers_keep_the_first_record_of_a_trace_id(
     assert clash.trace_id == first.trace_id and len(clash.spans) == 3
     clash_with_step = dataclasses.replace(clash, step=9)
     stores = {}
-    server = None
-    try:
-        if target == "server":
-            root = tmp_path / "server"
-            root.mkdir()
-            server = start_mlflow_server(root, free_port())
-            paths = {"server": server.url}
-        else:
-            paths = {w: f"sqlite:///{tmp_path / w}.db" for w in ("bulk", "log_spans")}
-        for writer, uri in paths.items():
-            with monkeypatch.context() as m:
-                if writer == "log_spans":
-                    m.setattr(mlflow_bulk, "mlflow_version", lambda: UNTESTED_VERSION)
-                exporter = MlflowExporter(
-                    TraceConfig(backend=None, tracking_uri=uri, project_name=EXP))
-            assert (exporter.bulk is not None) is (writer == "bulk")
-            exporter.export([first, second])
-            once = _mlflow_store(uri)
-            exporter.export([first, second], replay=True)  # a replayed batch
-            exporter.export([second, third])  # a retry not flagged as one, and a new trace
-            exporter.export([clash_with_step, first])  # another trajectory with a stored id
-            exporter.export([third, clash], replay=True)
-            stores[writer] = _mlflow_store(uri)
-            for trace_id, stored in once.items():
-                assert stores[writer][trace_id] == stored, (writer, trace_id)
-            assert len(stores[writer]) == 3
-            assert stores[writer][f"tr-{first.trace_id}"][2] == "3"  # the first's tags
-            assert sorted(v[3] for v in stores[writer].values()) == [[0.25], [0.75], [1.0]]
-    finally:
-        if server is not None:
-            server.stop()
+    exp = EXP
+    if target == "server":  # the session's server (tests/conftest.py): an experiment of our own
+        exp = f"{EXP}-{tmp_path.name}"
+        paths = {"server": request.getfixturevalue("mlflow_server").url}
+    else:
+        paths = {w: f"sqlite:///{tmp_path / w}.db" for w in ("bulk", "log_spans")}
+    for writer, uri in paths.items():
+        with monkeypatch.context() as m:
+            if writer == "log_spans":
+                m.setattr(mlflow_bulk, "mlflow_version", lambda: UNTESTED_VERSION)
+            exporter = MlflowExporter(TraceConfig(backend=None, tracking_uri=uri, project_name=exp))
+        assert (exporter.bulk is not None) is (writer == "bulk")
+        exporter.export([first, second])
+        once = _mlflow_store(uri, exp)
+        exporter.export([first, second], replay=True)  # a replayed batch
+        exporter.export([second, third])  # a retry not flagged as one, and a new trace
+        exporter.export([clash_with_step, first])  # another trajectory with a stored id
+        exporter.export([third, clash], replay=True)
+        stores[writer] = _mlflow_store(uri, exp)
+        for trace_id, stored in once.items():
+            assert stores[writer][trace_id] == stored, (writer, trace_id)
+        assert len(stores[writer]) == 3
+        assert stores[writer][f"tr-{first.trace_id}"][2] == "3"  # the first's tags
+        assert sorted(v[3] for v in stores[writer].values()) == [[0.25], [0.75], [1.0]]
     if target == "sqlite":
         assert stores["bulk"] == stores["log_spans"]
 
@@ -277,7 +268,7 @@ def test_annotate_right_after_the_trajectory_waits_for_the_backend(tmp_path: Pat
         assert [s.name for s in trace.data.spans].count("annotation") == 1
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
 
 
 def test_annotations_reach_the_latest_attempt_or_the_one_named(mlflow_uri: str) -> None:

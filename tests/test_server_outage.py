@@ -4,13 +4,13 @@ nothing stored twice (read back with MLflow's own client)."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 import tracer
-from tests._servers import free_port, start_mlflow_server
+from tests._servers import MlflowServer, free_port, start_mlflow_server
+from tests._wait import wait_for
 from tests.conftest import search_traces
 
 pytest.importorskip("mlflow")
@@ -43,19 +43,21 @@ def test_server_killed_mid_run_and_restarted_stores_exactly_500(tmp_path: Path):
         def reward(i: int) -> float:
             return float(i % 3 == 0)
 
-        killed = threading.Event()
+        def metric(name: str) -> float:
+            return float(tracer.metrics()[f"tracer/mlflow/{name}"])
+
+        # conditions, not a fixed pace: a first batch stored before the crash, batches spooled
+        # while the server is down, the rest traced after it is back
         for i in range(500):
             with tracer.trace_attr(step=i // 100, sample_index=i % 100):
                 generate(f"question {i}")
                 reward(i)
             if i == 200:
+                wait_for(lambda: metric("exported") > 0, "a first batch stored")
                 server.stop(kill=True)  # the tracking server crashes mid-run
-                killed.set()
             if i == 350:
-                assert tracer.metrics()["tracer/mlflow/spooled_batches"] > 0
+                wait_for(lambda: metric("spooled_batches") > 0, "batches spooled while down")
                 server = start_mlflow_server(root, port)  # ... and comes back
-            time.sleep(0.01)
-        assert killed.is_set()
         assert tracer.flush(180), tracer.metrics()
         m = tracer.metrics()
         assert m["tracer/mlflow/replayed"] > 0 and m["tracer/mlflow/failed"] == 0
@@ -67,10 +69,12 @@ def test_server_killed_mid_run_and_restarted_stores_exactly_500(tmp_path: Path):
         assert all(len(t.data.spans) == 3 for t in traces)
     finally:
         tracer.reset()
-        server.stop()
+        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
 
 
-def test_reward_requests_that_fail_mid_batch_are_retried_once_each(tmp_path: Path, monkeypatch):
+def test_reward_requests_that_fail_mid_batch_are_retried_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_server: MlflowServer
+) -> None:
     """Rewards go to a tracking server side by side (one REST call each). Two of them fail
     inside one batch: the batch is retried, and one lookup finds the traces stored and which
     already have their reward: those are not written again, the two lost ones are."""
@@ -90,11 +94,9 @@ def test_reward_requests_that_fail_mid_batch_are_retried_once_each(tmp_path: Pat
         return real_rest(self, method, endpoint, body)
 
     monkeypatch.setattr(mlflow_backend.MlflowExporter, "_rest", flaky_rest)
-    root = tmp_path / "server"
-    root.mkdir()
-    server = start_mlflow_server(root, free_port())
+    server, exp = mlflow_server, f"flaky-rewards-{tmp_path.name}"  # the session's server
     try:
-        tracer.init(backend="mlflow", tracking_uri=server.url, project_name="flaky-rewards",
+        tracer.init(backend="mlflow", tracking_uri=server.url, project_name=exp,
                     spool_dir=str(tmp_path / "spool"), export_batch_size=20,
                     flush_interval_s=0.2, replay_interval_s=0.3, export_timeout_s=10,
                     export_in_subprocess=False)  # the fault is patched into this process
@@ -107,7 +109,7 @@ def test_reward_requests_that_fail_mid_batch_are_retried_once_each(tmp_path: Pat
             with tracer.trace_attr(step=0, sample_index=i):
                 reward(i)
         assert tracer.flush(120), tracer.metrics()
-        traces = search_traces(server.url, "flaky-rewards")
+        traces = search_traces(server.url, exp)
         assert len(traces) == 40
         rewards = {
             t.info.tags["sample_index"]: [a.value for a in t.info.assessments if a.name == "reward"]
@@ -117,4 +119,3 @@ def test_reward_requests_that_fail_mid_batch_are_retried_once_each(tmp_path: Pat
         assert posts["n"] >= 42  # the two lost requests were sent again
     finally:
         tracer.reset()
-        server.stop()

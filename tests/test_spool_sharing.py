@@ -88,6 +88,7 @@ def test_no_credential_reaches_the_spool(tmp_path: Path):
         export_max_retries=0,
         export_timeout_s=1,
         flush_interval_s=0.05,
+        shutdown_timeout_s=1,  # nothing listens: the teardown's shutdown stops probing after 1 s
     )
 
     @tracer.trace_op(kind="tool")

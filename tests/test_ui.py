@@ -174,7 +174,7 @@ def traced(
             rewards = trace_into(server.url, root / "spool")
         yield server, server.experiment_id(PROJECT), rewards
     finally:
-        server.stop()
+        server.stop(kill=True)  # the tests are over: no graceful shutdown to wait for
 
 
 # --------------------------------------------------------------------------- stored attributes
