@@ -197,8 +197,9 @@ _register_ui()
 
 
 def _register_explore() -> None:
-    """``explore`` (rollout/explore/): a local web app over the exported tables."""
-    from rollout.explore import cli as explore_cli
+    """``explore`` (rollout/explore_cli.py over tracer/readers/explore/): a local web app
+    over the exported tables."""
+    from rollout import explore_cli
 
     subcommand("explore", "browse, filter and search trajectories in a local web app",
                explore_cli.configure_explore)(explore_cli.cmd_explore)  # fmt: skip

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.explore_data import generate
-from rollout.explore.search import SearchIndex
-from rollout.explore.server import Explorer, make_server, serve_in_thread
-from rollout.explore.store import Run, Store
+from tracer.readers.explore.search import SearchIndex
+from tracer.readers.explore.server import Explorer, make_server, serve_in_thread
+from tracer.readers.explore.store import Run, Store
 
 
 def make_export(folder: Path, n: int, seed: int = 0, tokens_per_turn: int = 4,

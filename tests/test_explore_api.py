@@ -315,8 +315,8 @@ def test_a_network_host_needs_allow_host(tmp_path: Any) -> None:
 
 
 def test_allow_host_adds_names(tmp_path: Any) -> None:
-    from rollout.explore.server import Explorer, make_server, serve_in_thread
-    from rollout.explore.store import Run, Store
+    from tracer.readers.explore.server import Explorer, make_server, serve_in_thread
+    from tracer.readers.explore.store import Run, Store
 
     folder = make_export(tmp_path / "run", 10, seed=4)
     server = make_server(Explorer(Store([Run("run", str(folder), set())])), "127.0.0.1", 0,

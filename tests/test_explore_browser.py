@@ -158,10 +158,10 @@ def test_search_before_and_after_the_index(app: dict[str, Any], tmp_path: Any) -
     again (the URL does not change) and the index answers it."""
     import threading
 
-    from rollout.explore.search import SearchIndex
-    from rollout.explore.server import Explorer
-    from rollout.explore.store import Run, Store
     from tests._explore import served
+    from tracer.readers.explore.search import SearchIndex
+    from tracer.readers.explore.server import Explorer
+    from tracer.readers.explore.store import Run, Store
 
     folder = make_export(tmp_path / "run", 300, seed=6)
     explorer = Explorer(Store([Run("run", str(folder), set())]))

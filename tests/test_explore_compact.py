@@ -15,11 +15,11 @@ pytest.importorskip("duckdb")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from rollout.explore import compact  # noqa: E402
-from rollout.explore.server import Explorer  # noqa: E402
-from rollout.explore.store import Run, Store  # noqa: E402
 from tests._explore import make_export  # noqa: E402
 from tests.test_explore_store import _same  # noqa: E402
+from tracer.readers.explore import compact  # noqa: E402
+from tracer.readers.explore.server import Explorer  # noqa: E402
+from tracer.readers.explore.store import Run, Store  # noqa: E402
 
 N = 6000
 

@@ -16,10 +16,10 @@ pytest.importorskip("duckdb")
 pytest.importorskip("tantivy")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from rollout.explore.search import SearchIndex  # noqa: E402
-from rollout.explore.server import Explorer  # noqa: E402
-from rollout.explore.store import Run, Store  # noqa: E402
 from tests._explore import get, make_export, served  # noqa: E402
+from tracer.readers.explore.search import SearchIndex  # noqa: E402
+from tracer.readers.explore.server import Explorer  # noqa: E402
+from tracer.readers.explore.store import Run, Store  # noqa: E402
 
 N = 600
 

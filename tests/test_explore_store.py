@@ -17,12 +17,12 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 import orjson  # noqa: E402
 
-from rollout.explore import compact  # noqa: E402
-from rollout.explore.cache import LRU, prune_folder  # noqa: E402
-from rollout.explore.search import SearchIndex  # noqa: E402
-from rollout.explore.server import Explorer  # noqa: E402
-from rollout.explore.store import KEEP_COMPACTED, Run, Store  # noqa: E402
 from tests._explore import make_export  # noqa: E402
+from tracer.readers.explore import compact  # noqa: E402
+from tracer.readers.explore.cache import LRU, prune_folder  # noqa: E402
+from tracer.readers.explore.search import SearchIndex  # noqa: E402
+from tracer.readers.explore.server import Explorer  # noqa: E402
+from tracer.readers.explore.store import KEEP_COMPACTED, Run, Store  # noqa: E402
 
 N = 3000  # 9,000 turns and 36,000 tokens: several row groups of the compacted copy
 

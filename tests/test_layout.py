@@ -133,3 +133,18 @@ def test_the_cycle_check_can_fail() -> None:
     assert "x" not in _imports(tree, "pkg") and "y" in _imports(tree, "pkg")
     graph = import_graph("tracer")
     assert "tracer.current" in graph["tracer.core"] and "tracer" not in graph["tracer.core"]
+
+
+def test_the_explorer_is_a_reader() -> None:
+    """tracer/readers/explore/ reads exports: no backend, no hot path, nothing of rollout/
+    (the command line on top of it is rollout/explore_cli.py); rollout/ keeps only the demo
+    rollout and the commands."""
+    graph = import_graph("tracer")
+    explorer = {m: ts for m, ts in graph.items() if m.startswith("tracer.readers.explore")}
+    assert {"tracer.readers.explore.server", "tracer.readers.explore.store"} <= set(explorer)
+    reaches = set().union(*explorer.values())
+    assert not {t for t in reaches if t.startswith(("rollout", "tracer.backends"))}
+    assert not reaches & {"tracer.ops", "tracer.core", "tracer.pipeline"}
+    assert not (ROOT / "rollout" / "explore").exists()
+    assert (ROOT / "tracer" / "readers" / "explore" / "static" / "explore.html").is_file()
+    assert "rollout.explore_cli" in import_graph("rollout")["rollout.cli"]

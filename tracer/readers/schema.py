@@ -100,7 +100,8 @@ TOKENS: list[Column] = [
     ("turn", "int64", "the generate call (turn_index) this token belongs to"),
     ("position", "int64", "0-based position in the trajectory's response (verl's layout)"),
     ("token_id", "int64", "the token id"),
-    ("token", "string", "its text (token2text with the tokenizer given to the export)"),
+    ("token", "string", "its text: the tokenizer given to the export, else the one the "
+     "trace names (token2text records it); null when none can be loaded"),
     ("loss_mask", "int64", "1 for model tokens, 0 for tool and user tokens between turns"),
     ("rollout_logprob", "float64", "the engine's log-prob at sampling time (generate span)"),
     ("train_logprob", "float64", "the trainer's recomputed log-prob (tracer.annotate)"),

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from rollout.explore.filters import ApiError, like_pattern
+from tracer.readers.explore.filters import ApiError, like_pattern
 
 SCAN_SECONDS = 4.0  # the bound is 5 s at a million trajectories
 MAX_TERMS = 8

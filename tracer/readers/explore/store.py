@@ -1,8 +1,8 @@
 """The explorer's queries: DuckDB views over one or more export folders (nothing is loaded into
 memory; each request reads what its page needs from the Parquet files).
 
-Once an export's compacted copy is built (rollout/explore/compact.py), a list is two scans of
-its large row groups (the page's row numbers; count, mean and histogram in one aggregate, kept
+Once an export's compacted copy is built (compact.py), a list is two scans of its large row
+groups (the page's row numbers; count, mean and histogram in one aggregate, kept
 for repeated filters) and a read of the page's rows from small row groups; one trajectory is
 read with pyarrow from the row groups its (step, trace_id) falls in. Before that, the same
 answers come from DuckDB queries over the export's own files.
@@ -16,9 +16,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.explore import compact as compacted
-from rollout.explore.cache import LRU, prune_folder, touch
-from rollout.explore.filters import ApiError, Where, parse_columns, parse_filters, parse_sort
+from tracer.readers.explore import compact as compacted
+from tracer.readers.explore.cache import LRU, prune_folder, touch
+from tracer.readers.explore.filters import (
+    ApiError,
+    Where,
+    parse_columns,
+    parse_filters,
+    parse_sort,
+)
 
 TABLES = ("trajectories", "turns", "tool_calls", "tokens")
 LIST_COLUMNS = ["trace_id", "step", "sample_key", "rollout_n", "validate", "reward",
@@ -100,9 +106,9 @@ class Store:
 
     def compact(self, name: str, cache_dir: str) -> str:
         """Build run ``name``'s compacted copy in ``cache_dir`` (once per export; see
-        rollout/explore/compact.py) and read from it; older copies beyond
+        compact.py) and read from it; older copies beyond
         ``KEEP_COMPACTED`` are deleted."""
-        from rollout.explore.search import signature
+        from tracer.readers.explore.search import signature
 
         run = self.runs[name]
         folder = os.path.join(cache_dir, "compact")

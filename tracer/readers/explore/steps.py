@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout.explore.store import Store
+from tracer.readers.explore.store import Store
 
 
 def groups(store: Store, run: str | None, step: int, validate: bool, page: int, size: int,

@@ -5,12 +5,12 @@
                                        a page of trajectories, the total count, the reward
                                        histogram of the selection (bins: the run's reward
                                        range in 20, empty ends left out; filters:
-                                       rollout/explore/filters.py)
+                                       filters.py)
     GET /api/search?q=timeout&in=result&step=3&page=0&size=20
                                        hits in prompts, responses, tool arguments and results,
                                        with the highlighted fragment; while the index is built
                                        (or when it failed), a bounded scan's hits, marked
-                                       ``partial`` (rollout/explore/scan.py)
+                                       ``partial`` (scan.py)
     GET /api/status                    per run: the search index (waiting, building with its
                                        percent, ready, failed and why, off) and the compacted
                                        copy (waiting, building, done, failed and why, off)
@@ -51,12 +51,12 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from rollout.explore import across, steps
-from rollout.explore.cache import prune_folder
-from rollout.explore.filters import ApiError, parse_int
-from rollout.explore.scan import SCAN_SECONDS, scan
-from rollout.explore.search import SearchIndex
-from rollout.explore.store import KEEP_COMPACTED, Store
+from tracer.readers.explore import across, steps
+from tracer.readers.explore.cache import prune_folder
+from tracer.readers.explore.filters import ApiError, parse_int
+from tracer.readers.explore.scan import SCAN_SECONDS, scan
+from tracer.readers.explore.search import SearchIndex
+from tracer.readers.explore.store import KEEP_COMPACTED, Store
 
 log = logging.getLogger(__name__)
 MAX_PAGE_SIZE = 500
@@ -255,7 +255,8 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
 
 
 def page_html() -> bytes:
-    return resources.files("rollout.explore").joinpath("static/explore.html").read_bytes()
+    page = resources.files("tracer.readers.explore").joinpath("static/explore.html")
+    return page.read_bytes()
 
 
 def host_name(value: str) -> str:

@@ -7,8 +7,8 @@ import difflib
 import re
 from typing import Any
 
-from rollout.explore.filters import ApiError
-from rollout.explore.store import Store
+from tracer.readers.explore.filters import ApiError
+from tracer.readers.explore.store import Store
 
 MAX_PROMPT_ROWS = 400
 MAX_GROUP = 64  # rollouts shown side by side

@@ -108,7 +108,7 @@ def _mlflow_link(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def _runs(args: argparse.Namespace, cache: str) -> tuple[list[Any], str | None]:
-    from rollout.explore.store import Run
+    from tracer.readers.explore.store import Run
 
     runs = []
     exported = None
@@ -133,9 +133,9 @@ def _runs(args: argparse.Namespace, cache: str) -> tuple[list[Any], str | None]:
 
 def cmd_explore(args: argparse.Namespace) -> int:
     """Serve the explorer until Ctrl-C."""
-    from rollout.explore.search import SearchIndex
-    from rollout.explore.server import Explorer, make_server
-    from rollout.explore.store import Store
+    from tracer.readers.explore.search import SearchIndex
+    from tracer.readers.explore.server import Explorer, make_server
+    from tracer.readers.explore.store import Store
 
     t0 = time.perf_counter()
     named = args.experiment is not None
@@ -188,7 +188,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
 def _check_host(args: argparse.Namespace) -> str | None:
     """A --host other than loopback serves the run to the network: say so, and ask for the
     names browsers will use (the Host checks need them; a name is also a sign of intent)."""
-    from rollout.explore.server import is_loopback
+    from tracer.readers.explore.server import is_loopback
 
     if is_loopback(args.host):
         return None
@@ -214,7 +214,7 @@ def _build_indexes(explorer: Any, cache: str) -> None:
 
 
 def _refresh_loop(args: argparse.Namespace, explorer: Any, run: Any, cache: str) -> None:
-    from rollout.explore.search import SearchIndex
+    from tracer.readers.explore.search import SearchIndex
 
     args.no_progress = True
     stop = explorer.store.stop

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rollout.explore.filters import ApiError
+from tracer.readers.explore.filters import ApiError
 
 KINDS = ("prompt", "response", "arguments", "result")
 MAX_QUERY_CHARS = 500
