@@ -246,7 +246,8 @@ def test_flags_command_prints_rising_patterns(
     (r,) = json.loads(capsys.readouterr().out)["rising_patterns"]
     assert r["signature"] == hack and r["flags"] == ["rising", "possible reward hacking"]
     assert 30 <= r["since"] <= r["first_step"] <= 40 <= r["last_step"]
-    assert r["share_then"] < 0.1 < r["share_now"] and 0.5 < r["peak_share"] < 0.7
+    # the peak of a 60 % share drawn 256 times a step over 20 steps: +3 sigma is ~0.69-0.72
+    assert r["share_then"] < 0.1 < r["share_now"] and 0.5 < r["peak_share"] < 0.75
     assert [s for s, _ in r["curve"]] == list(range(1, 81))
     assert main(["flags", "--from", "parquet", "--path", str(hacked_run)]) == 0
     text = capsys.readouterr().out
