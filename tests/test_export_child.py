@@ -22,7 +22,10 @@ import pytest
 from tests.conftest import search_traces
 
 pytest.importorskip("mlflow")
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+    pytest.mark.export_child,  # the child is what these test (tests/conftest.py)
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 
