@@ -33,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from tests._procs import parent_of
+from tests._procs import running as alive
 from tests._servers import MlflowServer, free_port, start_mlflow_server
 
 pytest.importorskip("mlflow")
@@ -83,22 +85,10 @@ def children_of(pids: set[int]) -> set[int]:
     """Processes whose parent is one of ``pids`` (read from /proc)."""
     out = set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
         with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid in pids:
+            if entry.isdigit() and parent_of(int(entry)) in pids:
                 out.add(int(entry))
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class Disk:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests._procs import parent_of, running
 from tests.conftest import search_traces
 
 pytest.importorskip("mlflow")
@@ -107,19 +108,6 @@ def scripts() -> Iterator[list[Script]]:
     yield started
     for script in started:
         script.kill()
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def wait_gone(*pids: int, timeout: float = 15.0) -> None:
