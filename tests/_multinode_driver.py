@@ -93,7 +93,7 @@ def server_restart(a: dict[str, Any]) -> dict[str, Any]:
     finally:
         pool.shutdown()
         for server in servers:
-            server.stop()
+            server.stop(kill=True)  # the scenario is over: no graceful shutdown to wait for
 
 
 def shared_spool(a: dict[str, Any]) -> dict[str, Any]:

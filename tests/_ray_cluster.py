@@ -82,6 +82,10 @@ class RayCluster:
             "RAY_health_check_period_ms": "500",
             "RAY_health_check_timeout_ms": "1000",
             "RAY_health_check_failure_threshold": "3",
+            # no MLflow export child in the actors unless asked for outside (tests/conftest.py):
+            # the nodes start before any test's own setting, and their workers inherit this
+            "ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS": os.environ.get(
+                "ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS", "false"),
             # the workers import this checkout, installed or not
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p

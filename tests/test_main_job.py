@@ -24,6 +24,8 @@ def _spans(trace: Any, name: str | None = None, span_type: str | None = None) ->
             and (span_type is None or s.span_type == span_type)]  # fmt: skip
 
 
+# ~80 s on 2 quiet cores, by nature: the default config as users run it, SmolLM2 generating
+# on CPU (8 training and 4 validation trajectories, structured decoding), the trainer pass
 @pytest.mark.slow
 @pytest.mark.export_child  # the main job as users run it: the default export child
 def test_default_run_in_mlflow(tmp_path: Path, mlflow_uri: str) -> None:

@@ -49,6 +49,9 @@ def _reconcile(per_worker: list[dict[str, Any]]) -> dict[str, float]:
     return {k: sum(m[k] for m in per_worker) for k in keys}
 
 
+# Each of these takes 25-30 s on 2 quiet cores (the first also waits for the session's
+# cluster, ~30 s): real Ray nodes, a PostgreSQL-backed server, scripted engines that pace the
+# steps so that the faults land mid-step.
 def test_multinode_run_stores_every_trajectory_once_tagged_with_its_node(
     ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
