@@ -196,8 +196,9 @@ def test_weave_disabled_fails_the_export_instead_of_dropping_it(
     weave_server: InProcessWeaveServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     monkeypatch.setenv("WEAVE_DISABLED", "true")
+    # shutdown_timeout_s: it never recovers; the teardown gives up after 1 s instead of 10
     tracer.init({"backend": "weave", "project_name": "weave-tests", "export_max_retries": 1,
-                 "spool_dir": str(tmp_path / "spool")})  # fmt: skip
+                 "spool_dir": str(tmp_path / "spool"), "shutdown_timeout_s": 1})  # fmt: skip
     run_rollout(step=1, sample_index=0, rollout_n=0)
     assert not tracer.flush(timeout_s=3)  # not stored: the batch waits in the spool
     assert weave_server.calls() == []

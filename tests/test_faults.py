@@ -421,8 +421,13 @@ def test_tiny_spool_drops_are_counted_by_reason_and_memory_stays_bounded(tmp_pat
         if i % 20 == 0:
             peak = max(peak, _rss())
             time.sleep(0.01)
-    wait_for(lambda: tracer.metrics()["tracer/queue_depth"] == 0,
-             "the processor to take all 300 (kept, spooled or dropped)")  # fmt: skip
+    def settled() -> bool:  # the counters reconcile only once nothing moves (the export is
+        m = tracer.metrics()  # stalled): a batch being handed over is read on both sides
+        p = "tracer/stalled20k/"
+        return m["tracer/queue_depth"] == 0 and (
+            m["tracer/submitted"] == m[p + "exported"] + m[p + "pending"] + m[p + "dropped"])
+
+    wait_for(settled, "all 300 handed to the stalled backend (kept, spooled or dropped)")
     peak = max(peak, _rss())
     m = reconciles("stalled20k")
     dropped = {k.rsplit("/", 1)[1]: v for k, v in m.items()

@@ -345,7 +345,8 @@ class _Exploding:
 def test_backend_that_raises_never_reaches_the_rollout_and_is_spooled(tmp_path):
     register_backend("exploding", _Exploding)
     tracer.init(backend=["exploding", "memory"], export_max_retries=1,
-                spool_dir=str(tmp_path / "spool"))
+                spool_dir=str(tmp_path / "spool"),
+                shutdown_timeout_s=1)  # it never recovers: the teardown gives up after 1 s, not 10
     mem = InMemoryExporter.latest()
 
     @tracer.trace_op(kind="tool")
