@@ -109,3 +109,14 @@ def test_a_query_past_its_time_is_interrupted(unbuilt: dict[str, Any]) -> None:
                     timeout=0.3)  # fmt: skip
     assert time.perf_counter() - t0 < 2  # the whole query takes ~15 s here
     assert store.query("SELECT 1 AS one", timeout=5) == [{"one": 1}]  # the store still works
+
+
+def test_an_index_finishing_during_a_search_still_answers(unbuilt: dict[str, Any],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build ends between the search's first look and its scan (CI met this as a 500)."""
+    index = unbuilt["explorer"].indexes["run"]
+    answers = iter([False])
+    monkeypatch.setattr(index, "ready", lambda: next(answers, True))
+    status, body = get(unbuilt["base"], "api/search", q="timeout")
+    assert status == 200, body
+    assert body["partial"] and body["index"] == "ready"

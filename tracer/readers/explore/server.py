@@ -170,13 +170,15 @@ class Explorer:
                 parse_int(q, "size", 20, 1, 200), _one(q, "in"), step)  # fmt: skip
         if index.ready():
             return index.search(*args)
-        # the index is being built, or failed: a bounded scan answers meanwhile
+        # the index is being built, or failed: a bounded scan answers meanwhile. The state is
+        # read once, before the scan: the build may finish while the scan runs
+        state = self._search_state(run)
         text, page, size, kind, step = args
         index.check(text, kind)
         out = scan(self.store, run, text.strip(), page, size, kind, step, self.scan_seconds)
-        state = self._search_state(run)
         out["index"] = {"failed": f"failed: {state['error']}", "waiting": "waiting to build",
-                        "building": f"building ({state['percent']} %)"}[state["state"]]
+                        "building": f"building ({state['percent']} %)",
+                        "ready": "ready"}[state["state"]]
         return out
 
     def _trajectory(self, q: dict[str, list[str]]) -> Any:
