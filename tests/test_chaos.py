@@ -2,7 +2,7 @@
 
 Two rollout processes (``tests/_chaos_rollout.py``, each with a busy Python thread and the MLflow
 export child of the default config) trace into one real ``mlflow server`` and share a spool on a
-small tmpfs. For ``CHAOS_SECONDS`` (default 90) a schedule drawn from the seed:
+small tmpfs. For ``CHAOS_SECONDS`` (default 60) a schedule drawn from the seed:
 - SIGKILLs the server and restarts it (3 times);
 - SIGKILLs a rollout process and starts a replacement (2 times);
 - fills the spool's disk to the last byte for 3-6 s (2 times; the first while the server is
@@ -39,7 +39,10 @@ from tests._servers import MlflowServer, free_port, start_mlflow_server
 
 pytest.importorskip("mlflow")
 
-SECONDS = float(os.environ.get("CHAOS_SECONDS", "90"))
+# The suite runs one 60 s schedule (seed 1: every fault kind, the first disk fill while the
+# server is down); `python -m benchmarks.chaos` runs the full-size soak (150 s, several seeds)
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "60"))
+SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1").split(",")]
 RATE = 12  # trajectories a second per rollout process (a 2-core machine, server included)
 GRACE_S = 2.0  # what finished this close to its process's SIGKILL may be lost
 
@@ -146,7 +149,7 @@ def schedule(seed: int) -> list[tuple[float, str]]:
 
 @pytest.mark.slow
 @pytest.mark.export_child  # the default config's export child is part of what is tested
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) -> None:
     # about CHAOS_SECONDS + a minute: the point is faults overlapping over time, in one run
     root = tmp_path / "server"
