@@ -12,6 +12,9 @@
    records.
 2. ``step_patterns`` over the Parquet of ``--patterns-n`` trajectories of
    ``benchmarks/explore_data.py --scenario hacking`` (80 steps), median of 3.
+
+:func:`explorer_tab` is the explorer's Patterns tab, timed by ``python -m benchmarks.explore``
+(``--scenario hacking`` mixes the hack into its data).
 """
 
 from __future__ import annotations
@@ -144,6 +147,61 @@ def bench_patterns(n: int, tmp: Path) -> dict[str, Any]:
     return {"n": n, "step_patterns_s": [round(t, 3) for t in times],
             "rising": [(r.text[:40], r.first_step, r.hacking_step)
                        for r in found.rising]}  # fmt: skip
+
+
+def explorer_tab(data: str, cache: str, steps: int, lines: list[str]) -> None:
+    """The Patterns tab over HTTP (``rollout-tracer explore`` in its own process): the table's
+    computation (once per export, after the compacted copy; read from the cache folder when an
+    earlier part of the benchmark made it), then ``/api/patterns`` at 30 random steps and the
+    list of the top pattern's trajectories."""
+    import glob
+    import json
+    import random
+
+    from benchmarks.explore import _get, _p, start
+
+    rng = random.Random(3)
+    t0 = time.perf_counter()
+    proc, base, _ = start(["--from", "parquet", "--path", data, "--cache-dir", cache,
+                           "--no-search"])  # fmt: skip
+    try:
+        while True:
+            state = _get(base, "api/status")[1]["runs"][0]["patterns"]["state"]
+            if state in ("ready", "failed"):
+                break
+            time.sleep(0.2)
+        ready = time.perf_counter() - t0
+        if state == "failed":
+            lines.append(f"| Patterns tab | failed: {_get(base, 'api/status')[1]} |")
+            return
+        times, bodies = [], []
+        for _ in range(30):
+            dt, body = _get(base, "api/patterns", [("step", rng.randint(1, steps))])
+            times.append(dt)
+            bodies.append(body)
+        top = bodies[-1]["patterns"][0]
+        listed = _get(base, "api/list", [("signature", top["signature"]),
+                                         ("step", f"{bodies[-1]['step']}:{bodies[-1]['step']}"),
+                                         ("size", 50)])[0]  # fmt: skip
+        rising = bodies[-1]["rising"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    built = [json.loads(Path(f).read_text()) for f in
+             glob.glob(os.path.join(cache, "patterns", "*", "built.json"))]  # fmt: skip
+    computed = max((b["computed_s"] for b in built), default=float("nan"))
+    flagged = ", ".join(f"{' + '.join(r['labels'])} from step {r['first_step']}"
+                        for r in rising[:3]) or "none"  # fmt: skip
+    lines += [
+        f"| Patterns tab: per-step table computed once per export (one DuckDB scan of the "
+        f"compacted copy; cached) | {computed:.1f} s |",
+        f"| Patterns tab: start to ready, table cached | {ready:.1f} s |",
+        f"| `/api/patterns` at a step: ranked patterns, share curves, rising ones (30) | p50 "
+        f"{_p(times, .5) * 1e3:.0f} ms, p95 {_p(times, .95) * 1e3:.0f} ms |",
+        f"| a pattern's trajectories at a step (`/api/list?signature=`) | "
+        f"{listed * 1e3:.0f} ms |",
+        f"| rising patterns found | {len(rising)}: {flagged} |",
+    ]
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ Parquet schema, made by benchmarks/explore_data.py), and MLflow's ``search_trace
 explorer's API on the same traces.
 
     python -m benchmarks.explore --n 1000000 --data /tmp/explore-1m --mlflow-n 100000
+    python -m benchmarks.explore --n 1000000 --scenario hacking --skip search --mlflow-n 0
 
 Not part of ``python -m benchmarks.run --quick``: generating a million trajectories takes
 minutes and its search index longer. The server runs in its own process (``rollout-tracer
@@ -330,7 +331,10 @@ def main() -> None:
     p.add_argument("--mlflow-n", type=int, default=100_000, help="0: skip the MLflow part")
     p.add_argument("--mlflow-dir", default=None, help="folder of the MLflow store (reused "
                    "when a run already wrote it)")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: explorer,search")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: "
+                   "explorer,search,patterns")
+    p.add_argument("--scenario", default="", choices=["", "hacking"], help="a behaviour "
+                   "scenario in the generated data (benchmarks/patterns_data.py)")
     p.add_argument("--first-start", action="store_true", help="also time a first start with "
                    "nothing cached (the copy and the index built while serving: minutes)")
     p.add_argument("--output", default=None, help="also write the table to this Markdown file "
@@ -347,7 +351,7 @@ def main() -> None:
 
             t0 = time.perf_counter()
             generate(data, args.n, tokens_per_turn=args.tokens_per_turn, progress=True,
-                     short_text=args.short_text)
+                     short_text=args.short_text, scenario=args.scenario)
             lines.append(f"| generate the set (benchmarks/explore_data.py) | "
                          f"{time.perf_counter() - t0:.0f} s |")  # fmt: skip
         size = sum(f.stat().st_size for f in Path(data).glob("*.parquet"))
@@ -358,6 +362,10 @@ def main() -> None:
             bench_explorer(data, cache, steps, lines)
         if "search" not in skip:
             bench_search(data, cache, lines)
+        if "patterns" not in skip:
+            from benchmarks.bench_patterns import explorer_tab
+
+            explorer_tab(data, cache, steps, lines)
         if args.first_start:
             bench_first_start(data, tmp, lines)
         if args.mlflow_n:

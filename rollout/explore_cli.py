@@ -7,7 +7,8 @@
 An MLflow, JSONL or Weave source is first exported into a cache folder (with a progress bar);
 ``--refresh S`` exports it again every S seconds while a run goes on and switches the views to
 the new tables when the export is complete (a whole re-export, simple and always consistent).
-The search index is built in the background on first use of an export and cached.
+The compacted copy, the behaviour patterns and the search index are built in the background
+on first use of an export and cached.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         # the builders and the refresh stop at their next check; the interpreter must not
         # exit under them while they are inside DuckDB or Arrow (a daemon thread stopped in
         # C++ code at exit aborts the process)
-        store.close()
+        explorer.close()
         for worker in workers:
             worker.join(timeout=60)
     return 0
@@ -205,6 +206,15 @@ def _check_host(args: argparse.Namespace) -> str | None:
 def _build_indexes(explorer: Any, cache: str) -> None:
     t0 = time.perf_counter()
     explorer.build_indexes(cache_dir=cache)
+    for name in explorer.store.runs:
+        table = explorer.patterns[name]
+        if table.state == "ready":
+            info = table.info
+            how = "from the cache" if info.get("cached") else f"in {info['computed_s']} s"
+            print(f"patterns of {name}: {info['groups']} (step, signature) groups of "
+                  f"{info['steps']} steps ({how})", flush=True)  # fmt: skip
+        elif table.state == "failed":
+            print(f"patterns of {name}: {table.error}", file=sys.stderr, flush=True)
     for name, index in explorer.indexes.items():
         if index.ready():
             info = index.info
@@ -225,6 +235,7 @@ def _refresh_loop(args: argparse.Namespace, explorer: Any, run: Any, cache: str)
             old = run.path
             explorer.store.repoint(run.name, fresh)
             explorer.store.compact(run.name, cache)
+            explorer.patterns.refresh(run.name)
             if run.name in explorer.indexes:
                 index = SearchIndex(fresh, cache)
                 index.open_or_build(stop=stop)

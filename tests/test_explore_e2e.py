@@ -1,6 +1,7 @@
 """End to end: a real ``rollout-tracer run`` (scripted engine) traces into a real MLflow store;
 ``rollout-tracer explore --from mlflow`` exports it into its cache and serves it; the run's
-trajectories, as MLflow's own ``search_traces`` lists them, are all found through the API."""
+trajectories, as MLflow's own ``search_traces`` lists them, are all found through the API, and
+its behaviour patterns are there."""
 
 from __future__ import annotations
 
@@ -82,6 +83,15 @@ def test_run_into_mlflow_then_explore(tmp_path: Path, mlflow_uri: str) -> None:
             time.sleep(0.5)
         assert status == 200, found
         assert one["trace_id"] in {h["trace_id"] for h in found["hits"]} or found["total"] > 200
+        for _ in range(120):  # the patterns: computed after the compacted copy
+            status, habits = get(base, "api/patterns", step=1)
+            if status != 503:
+                break
+            time.sleep(0.5)
+        assert status == 200, habits
+        assert habits["steps"] == list(range(1, STEPS + 1))
+        assert sum(p["n"] for p in habits["patterns"]) == BATCH * N  # all of step 1's, ranked
+        assert habits["patterns"][0]["example"] in ids
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the command returns
         assert proc.wait(timeout=30) == 0

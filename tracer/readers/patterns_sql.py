@@ -153,12 +153,18 @@ def _source(con: Any, source: Any) -> None:
 Grouped = tuple[list["Group"], dict[int, "StepTotal"]]
 
 
-def duckdb_groups(source: Any, top: int, min_count: int) -> Grouped:
+def duckdb_groups(source: Any, top: int, min_count: int,
+                  running: set[Any] | None = None) -> Grouped:  # fmt: skip
     """Groups and step totals of ``source`` (a folder, a Parquet file, a DataFrame, an Arrow
-    table) with DuckDB."""
+    table) with DuckDB. The connection sits in ``running`` meanwhile, so that another thread
+    can read its ``query_progress()`` or ``interrupt()`` it."""
     import duckdb
 
     con = duckdb.connect()
+    if running is not None:
+        # query_progress() answers -1 unless the progress bar is on (printing nothing)
+        con.execute("SET enable_progress_bar = true; SET enable_progress_bar_print = false")
+        running.add(con)
     try:
         _source(con, source)
         con.execute(_ROWS)
@@ -173,6 +179,8 @@ def duckdb_groups(source: Any, top: int, min_count: int) -> Grouped:
                 totals[int(step)] = StepTotal(int(step), **_counts(list(row[14:])))
         return groups, totals
     finally:
+        if running is not None:
+            running.discard(con)
         con.close()
 
 

@@ -8,7 +8,8 @@ else is an :class:`ApiError` that names what was wrong and what is valid.
     reward=0:0.5        reward range
     validate=true       validation rollouts only (``false``: training only)
     finish_reason=length,stop     one of these values (also worker_id, kept_by, policy_version,
-                                  status, sample_key, experiment_name, name, trace_id)
+                                  status, sample_key, experiment_name, name, trace_id,
+                                  signature: a behaviour signature, 16 hex characters)
     flag=truncated      has this health flag
     tool_errors=true    at least one tool error (``false``: none)
     f=latency_ms>2000   any column: =, !=, <, <=, >, >=, ~ (contains, case-insensitive)
@@ -40,7 +41,8 @@ TYPES: dict[str, str] = {name: kind for name, kind, _ in TRAJECTORIES}
 # columns a filter or a sort may name (list columns have their own filter: ``flag``)
 SCALAR = {name for name, kind in TYPES.items() if not kind.startswith("list")}
 LIST_PARAMS = ("finish_reason", "worker_id", "kept_by", "policy_version", "status",
-               "sample_key", "experiment_name", "name", "trace_id")  # fmt: skip
+               "sample_key", "experiment_name", "name", "trace_id", "signature")  # fmt: skip
+_SIGNATURE = re.compile(r"[0-9a-f]{16}")
 RANGE_PARAMS = ("step", "reward")
 OPS = {"=": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _F = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>|~)\s*(.*)$", re.S)
@@ -155,6 +157,10 @@ def parse_filters(query: dict[str, list[str]]) -> Where:
     for name in LIST_PARAMS:
         for raw in query.get(name, []):
             values = [v for v in _text(raw, name).split(",") if v]
+            bad = [v for v in values if name == "signature" and not _SIGNATURE.fullmatch(v)]
+            if bad:
+                raise ApiError(f"signature: {bad[0][:40]!r} is not a behaviour signature (16 "
+                               "hex characters, as /api/patterns gives them)")  # fmt: skip
             if values:
                 w.add(f'"{name}" IN ({", ".join("?" * len(values))})', *values)
     for raw in query.get("flag", []):

@@ -12,8 +12,10 @@
                                        (or when it failed), a bounded scan's hits, marked
                                        ``partial`` (scan.py)
     GET /api/status                    per run: the search index (waiting, building with its
-                                       percent, ready, failed and why, off) and the compacted
-                                       copy (waiting, building, done, failed and why, off)
+                                       percent, ready, failed and why, off), the compacted
+                                       copy (waiting, building, done, failed and why, off) and
+                                       the patterns (waiting, building with its percent, ready,
+                                       failed and why)
     GET /api/trajectory?id=<trace_id>&step=3
                                        one trajectory: row, turns, tool calls, per-token values
                                        (step is optional: it makes the lookup read one step)
@@ -25,6 +27,12 @@
     GET /api/prompt?id=<trace_id> | ?prompt=<text>
                                        one prompt across steps, with the word diff between steps
     GET /api/steps                     metrics per step
+    GET /api/patterns?step=40&top=10   behaviour patterns: the step's (default: the last)
+                                       ranked by share, with reward mean and spread, mean
+                                       length, tool-error rate, an example, labels and the
+                                       share at every step; the run's rising ones with why.
+                                       Computed once per export in the background (503 with
+                                       its percent meanwhile; pattern_table.py)
     GET /api/compare?step=3&prompt=<text>  the same prompt at the same step in every run
 
 Every endpoint takes ``run=<name>`` (default: the first). Errors are JSON ``{"error": ...}``
@@ -54,6 +62,7 @@ import orjson
 from tracer.readers.explore import across, steps
 from tracer.readers.explore.cache import prune_folder
 from tracer.readers.explore.filters import ApiError, parse_int
+from tracer.readers.explore.pattern_table import PatternTables
 from tracer.readers.explore.scan import SCAN_SECONDS, scan
 from tracer.readers.explore.search import SearchIndex
 from tracer.readers.explore.store import KEEP_COMPACTED, Store
@@ -77,11 +86,13 @@ class Explorer:
         # per run: off (no cache folder), waiting, building, done, or "failed: why"
         self.compaction: dict[str, str] = dict.fromkeys(store.runs, "off")
         self.scan_seconds = SCAN_SECONDS
+        self.patterns = PatternTables(store)  # computed on first request or by build_indexes
 
     def build_indexes(self, progress: Any = None, cache_dir: str | None = None) -> None:
-        """Once per export, in the background: the compacted tables (``cache_dir``), then
-        the search indexes."""
+        """Once per export, in the background: the compacted tables (``cache_dir``), the
+        behaviour patterns, then the search indexes."""
         if cache_dir:
+            self.patterns.use_cache(cache_dir)
             self.compaction = dict.fromkeys(self.store.runs, "waiting")
             for name in list(self.store.runs):
                 self.compaction[name] = "building"
@@ -93,6 +104,9 @@ class Explorer:
                     if self.store.stop.is_set():
                         return
                     log.warning("compacting run %s failed: %s", name, exc)
+        self.patterns.build_all()
+        if self.store.stop.is_set():
+            return
         for name, index in self.indexes.items():
             try:
                 index.open_or_build(progress, self.store.stop)
@@ -109,6 +123,11 @@ class Explorer:
         use (each export, and each refresh of one, has its own)."""
         keep = {os.path.basename(ix.dir) for ix in self.indexes.values()}
         return prune_folder(os.path.join(cache_dir, "search"), keep, KEEP_COMPACTED)
+
+    def close(self) -> None:
+        """Stop background work: the store's and the patterns'."""
+        self.store.close()
+        self.patterns.close()
 
     def handle(self, path: str, query: dict[str, list[str]]) -> Any:
         route = ROUTES.get(path)
@@ -138,9 +157,12 @@ class Explorer:
         for name in self.store.runs:
             state, _, why = self.compaction.get(name, "off").partition(": ")
             out.append({"name": name, "search": self._search_state(name),
-                        "compaction": {"state": state, "error": why or None}})  # fmt: skip
+                        "compaction": {"state": state, "error": why or None},
+                        "patterns": self.patterns.status(name)})  # fmt: skip
+        # patterns waiting: nobody asked for them (build_indexes computes them after the copy)
         done = all(r["search"]["state"] in ("ready", "failed", "off")
-                   and r["compaction"]["state"] in ("done", "failed", "off") for r in out)
+                   and r["compaction"]["state"] in ("done", "failed", "off")
+                   and r["patterns"]["state"] != "building" for r in out)
         return {"runs": out, "settled": done}
 
     def _search_state(self, name: str) -> dict[str, Any]:
@@ -155,9 +177,19 @@ class Explorer:
                 "percent": idx.percent(), "error": None}  # fmt: skip
 
     def _list(self, q: dict[str, list[str]]) -> Any:
+        if q.get("signature") and not self.store.has_column(_one(q, "run"), "signature"):
+            raise ApiError("signature: this export has no signature column (exported before "
+                           "behaviour signatures existed): export the run again")  # fmt: skip
         return self.store.list_page(q, _one(q, "run"), parse_int(q, "page", 0, 0, MAX_PAGE),
                                parse_int(q, "size", 50, 1, MAX_PAGE_SIZE), _one(q, "sort"),
                                _one(q, "cols"), _one(q, "hist") != "false")  # fmt: skip
+
+    def _patterns(self, q: dict[str, list[str]]) -> Any:
+        run = _one(q, "run") or next(iter(self.store.runs))
+        self.store.table(run, "trajectories")  # unknown run -> 404
+        step = parse_int(q, "step", 0, -(2**62), 2**62) if _one(q, "step") else None
+        top = parse_int(q, "top", 10, 1, 100)
+        return self.patterns.answer(run, step, top)
 
     def _search(self, q: dict[str, list[str]]) -> Any:
         run = _one(q, "run") or next(iter(self.store.runs))
@@ -241,7 +273,7 @@ def _flag(q: dict[str, list[str]], name: str, default: bool) -> bool:
 
 _LIST = {"page", "size", "sort", "cols", "hist", "step", "reward", "validate", "finish_reason",
          "worker_id", "kept_by", "policy_version", "status", "sample_key", "experiment_name",
-         "name", "trace_id", "flag", "tool_errors", "f"}  # fmt: skip
+         "name", "trace_id", "signature", "flag", "tool_errors", "f"}  # fmt: skip
 ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/runs": (Explorer._runs, set()),
     "/api/status": (Explorer._status, set()),
@@ -252,6 +284,7 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/group": (Explorer._group, {"step", "sample", "validate"}),
     "/api/prompt": (Explorer._prompt, {"id", "prompt", "step"}),
     "/api/steps": (Explorer._steps, set()),
+    "/api/patterns": (Explorer._patterns, {"step", "top"}),
     "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),
 }
 

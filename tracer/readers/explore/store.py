@@ -177,6 +177,14 @@ class Store:
             raise ApiError(f"unknown run {name!r}; runs: {', '.join(self.runs)}", 404)
         return f"{self._view[name]}_{table}"
 
+    def has_column(self, run: str | None, column: str) -> bool:
+        """Whether the run's trajectories table has ``column`` (an older export may not)."""
+        t = self.table(run, "trajectories")
+        key = ("columns", t, self.runs[run or next(iter(self.runs))].folder)
+        names = self.cached(key, lambda: [r["column_name"] for r in
+                                          self.query(f"DESCRIBE SELECT * FROM {t}")])  # fmt: skip
+        return column in names
+
     def cached(self, key: tuple[Any, ...], make: Any) -> Any:
         """The in-memory answer kept under ``key``, or ``make()``'s (then kept)."""
         return self.cache.get(key, make)
