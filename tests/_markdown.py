@@ -92,3 +92,30 @@ def links(text: str) -> list[str]:
     """Targets of Markdown links and images in the prose (not in code)."""
     text = re.sub(r"`[^`\n]*`", "", prose(text))  # nor in inline code
     return re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text)
+
+
+FIRST_SCREEN = 60
+
+
+def first_screen() -> str:
+    return "".join(README.read_text().splitlines(keepends=True)[:FIRST_SCREEN])
+
+
+def first_screen_commands() -> list[list[list[str]]]:
+    """Each command line of the first screen's shell blocks, as its `&&`-separated steps."""
+    lines = []
+    for lang, _, code in fenced_blocks(first_screen()):
+        if lang == "bash":
+            for line in code.splitlines():
+                words = shlex.split(line, comments=True)
+                if words:
+                    steps: list[list[str]] = []
+                    current: list[str] = []
+                    for word in [*words, "&&"]:
+                        if word == "&&":
+                            steps.append(current)
+                            current = []
+                        else:
+                            current.append(word)
+                    lines.append(steps)
+    return lines

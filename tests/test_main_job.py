@@ -1,18 +1,29 @@
-"""The main job (`rollout-tracer run`, the default config) shows what the tracer is for: real
-tool calls from SmolLM2 by structured decoding (real xgrammar), answers that end by themselves,
-validation passes on the same prompts, a tracker table of validation generations; read back
-with MLflow's own client."""
+"""The main job as the README's first screen writes it (`rollout-tracer run`, the default
+config, in an empty folder), then the UI command the first screen names on what it wrote.
+
+It shows what the tracer is for: real tool calls from SmolLM2 by structured decoding (real
+xgrammar), answers that end by themselves, validation passes on the same prompts, a tracker
+table of validation generations, the token view; read back with MLflow's own client and
+through `rollout-tracer ui`'s server. One run serves both (it is the suite's costliest test):
+the newcomer's path of tests/test_newcomer.py and the main job's content."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollout.cli import main
+from tests._markdown import ROOT, first_screen_commands
 from tests.conftest import search_traces
 from tests.token_view_checks import check_token_view
 from tracer.readers.sources import iter_mlflow
@@ -28,11 +39,24 @@ def _spans(trace: Any, name: str | None = None, span_type: str | None = None) ->
 # on CPU (8 training and 4 validation trajectories, structured decoding), the trainer pass
 @pytest.mark.slow
 @pytest.mark.export_child  # the main job as users run it: the default export child
-def test_default_run_in_mlflow(tmp_path: Path, mlflow_uri: str) -> None:
+def test_default_run_in_mlflow(tmp_path: Path) -> None:
     pytest.importorskip("xgrammar")
-    rc = main(["run", "--no-progress", "trainer.logger=[console,mlflow]",
-               f"actor_rollout_ref.rollout.trace.tracking_uri={mlflow_uri}"])  # fmt: skip
-    assert rc == 0
+    [main_job] = [s for s in first_screen_commands() if s[-1] == ["rollout-tracer", "run"]]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MLFLOW_TRACKING", "ROLLOUT_"))}  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cli = [sys.executable, "-m", "rollout.cli"]  # the console script's entry, from this checkout
+    # the first screen's command, plus the MLflow tracker (the validation table and the token
+    # view's step metrics are checked below; the traces' path is the same without it). The
+    # bound is for a hang: 78 s on 2 quiet cores, 24 min at a load average of 8
+    run = subprocess.run([*cli, *main_job[-1][1:], "trainer.logger=[console,mlflow]"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=3600)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"^done: 8 training \+ 4 validation trajectories", run.stdout, re.M)
+    assert "rollout-tracer ui" in run.stdout  # it says how to browse
+    assert (tmp_path / "mlflow.db").exists()
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     train = search_traces(mlflow_uri, "rollout-tracer", "tags.validate = 'false'")
     assert len(train) == 8  # 2 steps x 1 prompt x 4 samples
     results = 0
@@ -93,3 +117,45 @@ def test_default_run_in_mlflow(tmp_path: Path, mlflow_uri: str) -> None:
 
     # the token view: trainer and reference log-probs on every model token, rollout_corr/*
     check_token_view(tmp_path, mlflow_uri, client, run.info.run_id)
+
+    # the first screen's UI command, in the same folder, serves this run's traces
+    _ui_serves_the_run(tmp_path, env, cli)
+
+
+def _ui_serves_the_run(folder: Path, env: dict[str, str], cli: list[str]) -> None:
+    [[ui]] = [s for s in first_screen_commands() if s[0][:2] == ["rollout-tracer", "ui"]]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*cli, *ui[1:], "--port", str(port)], cwd=folder, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url, said = None, []
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:  # ends when the command exits
+            said.append(line)
+            if line.startswith("MLflow trace UI: "):
+                url = line.split(": ", 1)[1].strip()
+                break
+            assert time.monotonic() < deadline, "".join(said)
+        assert url and url.startswith(f"http://127.0.0.1:{port}/#/experiments/"), "".join(said)
+        with urllib.request.urlopen(url, timeout=30) as page:
+            assert page.status == 200 and b"<html" in page.read(4096).lower()
+        exp_id = url.split("/experiments/")[1].split("/")[0]
+        body = json.dumps({"locations": [{"type": "MLFLOW_EXPERIMENT",
+                                          "mlflow_experiment": {"experiment_id": exp_id}}],
+                           "max_results": 50}).encode()  # fmt: skip
+        search = urllib.request.Request(
+            f"http://127.0.0.1:{port}/ajax-api/3.0/mlflow/traces/search", data=body,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(search, timeout=60) as resp:
+            assert len(json.loads(resp.read())["traces"]) == 12  # 8 training + 4 validation
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the ui stops its server's group on SIGTERM
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
