@@ -24,6 +24,7 @@ from typing import Any
 from rollout.config import load_config, trace_config
 from rollout.ray_workers import RayRolloutPool
 from rollout.worker import config_batches
+from tests._forward import Forward
 from tests._servers import start_mlflow_server
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
@@ -53,32 +54,33 @@ def _count(url: str, project: str) -> int:
 
 
 def server_restart(a: dict[str, Any]) -> dict[str, Any]:
-    """A PostgreSQL-backed server SIGKILLed as soon as step 1 is durable and restarted on the
-    same port while step 2 runs; the run goes on throughout."""
+    """The server goes away as soon as step 1 is durable (its port refuses connections, open
+    ones are reset: a SIGKILL as the workers see it) and a new PostgreSQL-backed server starts
+    on the same port while step 2 runs; the run goes on throughout."""
     t0 = time.monotonic()
     root = Path(a["tmp"])
-    (root / "a").mkdir()
-    (root / "b").mkdir()
-    servers = [start_mlflow_server(root / "a", backend_store_uri=a["postgres_uri"])]
-    port = int(servers[0].url.rsplit(":", 1)[1])
-    config = _config(servers[0].url, a["project"], a["steps"])
+    # the first server: the session's, behind a port that can go dark (tests/_forward.py)
+    first = Forward(_host_port(a["url"]))
+    restarted: list[Any] = []
+    config = _config(first.url, a["project"], a["steps"])
     pool = RayRolloutPool(config, _trace(config, str(root / "spool"), export_timeout_s=5),
                           engine_kwargs={"script": SCRIPT, "delay_s": 0.2})  # fmt: skip
     timings = {"started_s": time.monotonic() - t0}
     stored: list[int] = []
 
     def restart() -> None:
-        time.sleep(2)
-        servers.append(start_mlflow_server(root / "b", port=port,
-                                           backend_store_uri=a["postgres_uri"]))  # fmt: skip
+        # no pause first: a server takes seconds to import before it listens, and step 2
+        # (~0.5 s) runs into the dark port meanwhile (the test checks that exports failed)
+        restarted.append(start_mlflow_server(root, port=first.port,
+                                             backend_store_uri=a["postgres_uri"]))  # fmt: skip
         timings["restarted_s"] = time.monotonic() - t0
 
     restarter = threading.Thread(target=restart)
 
     def on_step(result: Any) -> None:
-        if result.step == 1:  # step 1 is durable: kill the server while the rest runs
-            stored.append(_count(servers[0].url, a["project"]))
-            servers[0].stop(kill=True)
+        if result.step == 1:  # step 1 is durable: the server goes while the rest runs
+            stored.append(_count(first.url, a["project"]))
+            first.close()
             timings["killed_s"] = time.monotonic() - t0
             restarter.start()
 
@@ -89,11 +91,18 @@ def server_restart(a: dict[str, Any]) -> dict[str, Any]:
         timings["durable_s"] = time.monotonic() - t0
         return {"steps": len(results), "trajectories": sum(len(r.outputs) for r in results),
                 "durable": durable, "metrics": pool.metrics(), "stored_before_kill": stored,
-                "lost": [dataclasses.asdict(x) for x in pool.lost], "timings": timings}  # fmt: skip
+                "restarted": len(restarted), "lost": [dataclasses.asdict(x) for x in pool.lost],
+                "timings": timings}  # fmt: skip
     finally:
         pool.shutdown()
-        for server in servers:
+        first.close()
+        for server in restarted:
             server.stop(kill=True)  # the scenario is over: no graceful shutdown to wait for
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    return host, int(port)
 
 
 def shared_spool(a: dict[str, Any]) -> dict[str, Any]:
@@ -101,20 +110,20 @@ def shared_spool(a: dict[str, Any]) -> dict[str, Any]:
     that folder at the same time, onto the PostgreSQL-backed server."""
     import ray
 
-    root = Path(a["tmp"])
-    (root / "down").mkdir()
-    down = start_mlflow_server(root / "down", backend_store_uri=a["postgres_uri"])
+    # the session's server behind a port that goes dark before the run (tests/_forward.py)
+    down = Forward(_host_port(a["url"]))
     config = _config(down.url, a["project"], a["steps"])
     pool = RayRolloutPool(config, _trace(config, a["shared"], export_max_retries=0,
                                          export_timeout_s=1),
                           engine_kwargs={"script": SCRIPT})  # fmt: skip
     try:
-        down.stop(kill=True)  # gone for the whole run: every batch goes to the shared spool
-        pool.run(a["steps"], flush_timeout_s=2)
+        down.close()  # gone for the whole run: every batch goes to the shared spool
+        # with the server down a flush waits out its whole timeout: 1 s per step, 3 s at
+        # shutdown are ample for batches that are spooled the moment the connection is refused
+        pool.run(a["steps"], flush_timeout_s=1)
         placement = list(pool.placement)
     finally:
-        final = pool.shutdown(timeout_s=5)  # the workers end: their batches are orphans now
-        down.stop()
+        final = pool.shutdown(timeout_s=3)  # the workers end: their batches are orphans now
     batches = len(list(Path(a["shared"]).rglob("*.jsonl")))
 
     @ray.remote(num_cpus=0)

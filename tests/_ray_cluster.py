@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,7 +64,9 @@ class RayCluster:
         self.start_timeout_s = start_timeout_s
         try:
             self._start("head")
-            self.wait_for_nodes(1)
+            # the worker node starts as soon as the head's GCS listens (it registers once the
+            # head is up), so both start together; one probe then waits for both
+            self._wait_for_port(NODE_IPS["head"], self.port)
             self._start("worker")
             self.wait_for_nodes(2)
         except BaseException:
@@ -120,6 +123,19 @@ class RayCluster:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
                          for p in sorted(self.temp_dir.glob("*.log")))  # fmt: skip
 
+    def _wait_for_port(self, host: str, port: int) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"ray node {name} exited:\n{self.log_tail()}")
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ray head not listening on {host}:{port} in "
+                                   f"{self.start_timeout_s:.0f} s:\n{self.log_tail()}")  # fmt: skip
+            time.sleep(0.1)
+
     def wait_for_nodes(self, count: int) -> None:
         """Until ``count`` nodes are alive (asked through a short-lived driver subprocess, so
         this process never joins the cluster)."""
@@ -166,14 +182,13 @@ class RayCluster:
         return pid
 
     def stop(self) -> None:
-        """End every process each node started (its process group), then the temp dir."""
+        """End every process each node started (its process group), then the temp dir.
+
+        SIGKILL at once: the cluster and its data are throwaway, and a graceful `ray start`
+        exit took ~5 s of waiting per node; the group also takes the workers the raylet
+        started, which may outlive `ray start`."""
         for name in reversed(list(self.procs)):
             proc = self.procs[name]
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-            # workers the raylet started may outlive `ray start`: the whole group goes
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):

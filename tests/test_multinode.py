@@ -89,8 +89,12 @@ def test_server_killed_and_restarted_mid_run_stores_everything_once(
 ) -> None:
     project, steps = "multinode-server-restart", 3
     got = _drive(ray_cluster, "server_restart", tmp=str(tmp_path), project=project,
-                 postgres_uri=postgres_uri, steps=steps)  # fmt: skip
+                 postgres_uri=postgres_uri, steps=steps,
+                 url=postgres_mlflow_server.url)  # fmt: skip
     assert got["steps"] == steps and got["trajectories"] == steps * 8 and got["durable"], got
+    assert got["restarted"] == 1, got
+    # the outage was met: exports failed (and were retried) while the port was dark
+    assert sum(m["tracer/mlflow/retries"] for m in got["metrics"]) > 0, got
     print(f"server restart: {got['timings']}")
     assert got["lost"] == [] and got["stored_before_kill"] == [8], got
     # read back through another server on the same database
