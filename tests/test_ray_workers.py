@@ -174,10 +174,13 @@ def _run_pool(
             ray.shutdown()
 
 
-# ~30 s on 2 quiet cores: SmolLM2 loaded in the actor and twice in the driver (trainer and
-# reference), real generation; 48 response tokens are enough to check. The run joins the
-# session's Ray cluster (as `rollout-tracer run` does on a cluster node) rather than paying for a
-# local cluster of its own; its one worker fits on the head node, which no test takes down.
+# ~25 s on 2 quiet cores: the driver loads its trainer and reference models, the actor its
+# engine, then real generation and the trainer pass. The model is tiny-qwen3 (2 random layers,
+# a real tokenizer): what this checks is the Ray path, the driver annotating the traces that a
+# worker stored; SmolLM2's own trainer pass is test_main_job's, and its bfloat16 forward
+# passes cost ~25 s more here on a CPU without bfloat16. The run joins the session's Ray
+# cluster (as `rollout-tracer run` does on a cluster node) rather than paying for a local
+# cluster of its own; its one worker fits on the head node, which no test takes down.
 @pytest.mark.slow
 def test_ray_run_driver_does_the_trainer_pass(
     tmp_path: Path, mlflow_uri: str, ray_cluster: RayCluster
@@ -197,6 +200,7 @@ def test_ray_run_driver_does_the_trainer_pass(
            "actor_rollout_ref.rollout.agent.num_workers=1", "actor_rollout_ref.rollout.n=2",
            "trainer.total_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0",
            "trainer.logger=[console,mlflow]", "trainer.kl_heatmap_freq=0",
+           "actor_rollout_ref.model.path=tiny-qwen3",
            "actor_rollout_ref.rollout.response_length=48",
            f"trainer.project_name={project}",
            f"actor_rollout_ref.rollout.trace.tracking_uri={mlflow_uri}",
