@@ -1,6 +1,7 @@
-"""The driver of tests/test_multinode.py's fault scenarios, in its own process (as a user's
-driver is): Ray keeps process-wide state (its auth mode is read once, when its core loads), so
-joining the test cluster from pytest's own process would leak into later tests.
+"""The driver of tests/test_multinode.py's fault scenarios (and of test_ray_workers.py's run),
+in its own process (as a user's driver is): Ray keeps process-wide state (its auth mode is
+read once, when its core loads), so joining the test cluster from pytest's own process would
+leak into later tests.
 
     python -m tests._multinode_driver SCENARIO '{"json": "arguments"}'
 
@@ -178,6 +179,25 @@ def node_lost(a: dict[str, Any]) -> dict[str, Any]:
         pool.shutdown()
 
 
+def pool_run(a: dict[str, Any]) -> dict[str, Any]:
+    """A plain run of ``a["overrides"]`` (tests/test_ray_workers.py checks what it stored):
+    ``pool.run`` with the validation passes, each worker's counters after the last flush."""
+    config = load_config(a["overrides"])
+    pool = RayRolloutPool(config, {**trace_config(config), **a["trace"]},
+                          engine_kwargs={"script": SCRIPT, "delay_s": a["delay_s"]})  # fmt: skip
+    try:
+        vals: list[Any] = []
+        results = pool.run(int(config["trainer"]["total_steps"]), on_validate=vals.append)
+        return {"worker_ids": pool.worker_ids, "steps": [len(r.outputs) for r in results],
+                "tool_once_and_rewarded": all(o.tool_calls == 1 and o.reward for r in results
+                                              for o in r.outputs),
+                "flushed": {str(k): v for k, v in pool.flushed.items()},
+                "metrics": pool.metrics(),
+                "vals": [(v.step, v.validate, len(v.outputs)) for v in vals]}  # fmt: skip
+    finally:
+        pool.shutdown()
+
+
 def main() -> None:
     import ray
 
@@ -185,7 +205,7 @@ def main() -> None:
     ray.init(address=os.environ["RAY_ADDRESS"], include_dashboard=False, log_to_driver=False)
     try:
         result = {"server_restart": server_restart, "shared_spool": shared_spool,
-                  "node_lost": node_lost}[scenario](args)  # fmt: skip
+                  "node_lost": node_lost, "pool_run": pool_run}[scenario](args)  # fmt: skip
     finally:
         ray.shutdown()
     print("RESULT " + json.dumps(result, default=str), flush=True)

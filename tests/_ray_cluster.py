@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -23,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,6 +96,16 @@ class RayCluster:
                 p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
             ),
         }
+
+    def drive(self, scenario: str, **args: Any) -> dict[str, Any]:
+        """Run a scenario of tests/_multinode_driver.py in its own driver process on this
+        cluster (Ray reads its auth mode once per process: pytest's never joins); its result."""
+        proc = subprocess.run([sys.executable, "-m", "tests._multinode_driver", scenario,
+                               json.dumps(args)], env=self.env(), capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+        return dict(json.loads(lines[-1][len("RESULT "):]))
 
     def _start(self, name: str) -> None:
         ip = NODE_IPS[name]

@@ -9,7 +9,6 @@ PostgreSQL.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections import Counter
@@ -32,12 +31,7 @@ def _key(t: Any) -> tuple[str, str, str, str]:
 
 def _drive(cluster: RayCluster, scenario: str, **args: Any) -> dict[str, Any]:
     """Run a fault scenario in its own driver process (tests/_multinode_driver.py)."""
-    proc = subprocess.run([sys.executable, "-m", "tests._multinode_driver", scenario,
-                           json.dumps(args)], env=cluster.env(), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return dict(json.loads(lines[-1][len("RESULT "):]))
+    return cluster.drive(scenario, **args)
 
 
 def _reconcile(per_worker: list[dict[str, Any]]) -> dict[str, float]:

@@ -3,14 +3,12 @@ MLflow's own client: per-worker sampling limits, whole GRPO groups, no duplicate
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from rollout.config import load_config, trace_config
+from rollout.config import load_config
 from rollout.ray_workers import (
     combine_tracer_metrics,
     num_workers,
@@ -23,12 +21,9 @@ from tests._servers import MlflowServer
 from tests.conftest import search_traces
 from tracer.sampling import sample_hash
 
-ROOT = Path(__file__).resolve().parent.parent
 EXP = "ray-workers"
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
-# "" is in every prompt: each trajectory calls the calculator once, then answers
-SCRIPT = {"": [f"Let me compute.\n{CALL}", "The result is 42.\n#### 42"]}
-# a local Ray cluster or the session's (conftest.py): with the other Ray tests, one at a time
+# the session's Ray cluster (conftest.py): with the other Ray tests, one at a time; the
+# workers run tests/_multinode_driver.py's scripted engine (one calculator call, then 42)
 pytestmark = pytest.mark.xdist_group("servers")
 
 
@@ -59,22 +54,18 @@ def test_tracer_metrics_of_all_workers_add_up() -> None:
     assert combine_tracer_metrics(per_worker) == {"tracer/mlflow/exported": 10.0, rate: 20.0}
 
 
-# ~20 s on 2 quiet cores, most of it a local Ray cluster and 2 actors starting (each imports
-# MLflow and loads a tokenizer): one run checks the sampling of training steps and the
-# validation passes (val_before_train, test_freq), so that start is paid once
+# ~15 s on 2 quiet cores, most of it 2 actors starting (each imports MLflow and loads a
+# tokenizer): one run on the session's Ray cluster checks the sampling of training steps and
+# the validation passes (val_before_train, test_freq), so that start is paid once
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None,
-    reason="ray is not installed (pip install 'rollout-tracer[ray]')",
-)
 def test_two_ray_workers_trace_sampled_groups_into_one_server(
-    tmp_path: Path, mlflow_server: MlflowServer
+    tmp_path: Path, mlflow_server: MlflowServer, ray_cluster: RayCluster
 ) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("transformers")
     limit, n, batch_size, steps = 2, 2, 6, 3
     server, exp = mlflow_server, f"{EXP}-{tmp_path.name}"  # the session's server, our experiment
-    config = load_config([
+    overrides = [
         "actor_rollout_ref.rollout.name=scripted",
         f"actor_rollout_ref.rollout.n={n}",
         f"data.train_batch_size={batch_size}",
@@ -83,21 +74,32 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(
         # validation before step 1, after step 2 (test_freq) and after the last step
         "trainer.val_before_train=true", "trainer.test_freq=2", "data.val_max_samples=2",
         "actor_rollout_ref.rollout.agent.num_workers=2",
+        # half a CPU each: both fit on the head node alone (test_multinode takes the other down)
+        "actor_rollout_ref.rollout.agent.num_cpus_per_worker=0.5",
         f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
         f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
-    ])  # fmt: skip
-    trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
-             "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
+    ]  # fmt: skip
+    config = load_config(overrides)
     t0 = time.perf_counter()
-    # per worker: its `limit` GRPO groups of each step, and 1 of the 2 validation prompts
-    # per pass (validation is sampled on its own, per (step, validate))
-    worker_ids, vals = _run_pool(config, trace, steps,
-                                 expect_exported=limit * n * steps + 3)  # fmt: skip
+    # the scripted engine waits a little per call, so every trajectory of a step starts before
+    # the first one ends and sampling keeps exactly the lowest hashes
+    got_run = ray_cluster.drive("pool_run", overrides=overrides, delay_s=0.02, trace={
+        "spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.2,
+        "raise_internal_errors": True})  # fmt: skip
     elapsed = time.perf_counter() - t0
+    worker_ids = got_run["worker_ids"]
+    assert len(worker_ids) == 2 and len(set(worker_ids)) == 2, got_run
+    assert got_run["steps"] == [batch_size * n] * steps and got_run["tool_once_and_rewarded"]
+    # the driver waited for every worker's traces of every step (and validation) to be durable
+    assert got_run["flushed"] == {str(s): [True, True] for s in range(0, steps + 1)}, got_run
+    for m in got_run["metrics"]:
+        # per worker: its `limit` GRPO groups of each step, and 1 of the 2 validation prompts
+        # per pass (validation is sampled on its own, per (step, validate))
+        assert m["tracer/mlflow/exported"] == limit * n * steps + 3, m
+        assert m["tracer/mlflow/failed"] == 0 and m["tracer/dropped_buffer_full"] == 0
 
     # the fixed validation set, split by prompt over both workers, at steps 0, 2 and 3
-    assert [(v.step, v.validate, len(v.outputs)) for v in vals] == [
-        (0, True, 2), (2, True, 2), (3, True, 2)]  # fmt: skip
+    assert got_run["vals"] == [[0, True, 2], [2, True, 2], [3, True, 2]], got_run
     val = search_traces(server.url, exp, "tags.validate = 'true'")
     got_val = sorted((t.info.tags["step"], t.info.tags["sample_index"]) for t in val)
     assert got_val == [(s, i) for s in ("0", "2", "3") for i in ("0", "1")]
@@ -129,49 +131,8 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(
     for t, key in zip(traces, got, strict=True):
         assert t.info.tags["worker_id"] == expected[key]
     assert all(w.startswith(f"worker-{i}@") and ":" in w for i, w in enumerate(worker_ids))
-    print(f"ray workers: {len(got)} + {len(val)} traces in {elapsed:.1f} s "
-          "(cluster start to shutdown)")
-
-
-def _run_pool(
-    config: dict[str, Any], trace: dict[str, Any], steps: int, expect_exported: int
-) -> tuple[list[str], list[Any]]:
-    """Run ``steps`` steps on 2 Ray actors in a fresh small local cluster; the worker ids and
-    the validation passes."""
-    import ray
-
-    from rollout.ray_workers import RayRolloutPool
-
-    pool: Any = None
-    try:
-        # A new small local cluster (address="local": never a cluster `ray start`ed on this
-        # machine); PYTHONPATH lets the workers import the checkout even uninstalled.
-        ray.init(address="local", num_cpus=2, include_dashboard=False,
-                 object_store_memory=150 * 1024**2,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-        # the scripted engine waits a little per call, so every trajectory of a step starts
-        # before the first one ends and sampling keeps exactly the lowest hashes
-        pool = RayRolloutPool(config, trace, engine_kwargs={"script": SCRIPT, "delay_s": 0.02})
-        assert len(pool.worker_ids) == 2 and len(set(pool.worker_ids)) == 2
-        vals: list[Any] = []
-        results = pool.run(steps, on_validate=vals.append)
-        batch = int(config["data"]["train_batch_size"])
-        n = int(config["actor_rollout_ref"]["rollout"]["n"])
-        assert [len(r.outputs) for r in results] == [batch * n] * steps
-        assert all(o.tool_calls == 1 and o.reward for r in results for o in r.outputs)
-        # the driver waited for every worker's traces of every step (and validation) to be
-        # durable
-        assert pool.flushed == {s: [True, True] for s in range(0, steps + 1)}
-        for m in pool.metrics():
-            assert m["tracer/mlflow/exported"] == expect_exported, m
-            assert m["tracer/mlflow/failed"] == 0 and m["tracer/dropped_buffer_full"] == 0
-        return list(pool.worker_ids), vals
-    finally:
-        try:
-            if pool is not None:
-                pool.shutdown()
-        finally:
-            ray.shutdown()
+    print(f"ray workers: {len(got)} + {len(val)} traces in {elapsed:.1f} s (driver start to "
+          "shutdown)")
 
 
 # ~25 s on 2 quiet cores: the driver loads its trainer and reference models, the actor its
