@@ -56,7 +56,7 @@ class RayCluster:
     started, by process group.
     """
 
-    def __init__(self, start_timeout_s: float = 240.0) -> None:
+    def __init__(self, start_timeout_s: float = 240.0, wait: bool = True) -> None:
         # a short root: Ray's socket paths live under it and must stay under 108 bytes
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rtray-", dir="/tmp"))
         self.token = secrets.token_hex(16)
@@ -70,13 +70,31 @@ class RayCluster:
             # head is up), so both start together; one probe then waits for both
             self._wait_for_port(NODE_IPS["head"], self.port)
             self._start("worker")
-            self.wait_for_nodes(2)
+            self._up = False
+            if wait:
+                self.wait_until_up()
         except BaseException:
             self.stop()
             raise
 
+    def wait_until_up(self) -> None:
+        """Until both nodes are alive (``wait=False`` leaves this to the first ``env()``,
+        ``drive()`` or ``raylet_pid()``: the nodes start while the session's servers do)."""
+        if not self._up:
+            try:
+                self.wait_for_nodes(2)
+            except BaseException:
+                self.stop()
+                raise
+            self._up = True
+
     def env(self) -> dict[str, str]:
-        """The environment of a driver (or of a node) that joins this cluster."""
+        """The environment of a driver that joins this cluster (once both nodes are up)."""
+        self.wait_until_up()
+        return self._env()
+
+    def _env(self) -> dict[str, str]:
+        """The environment of a driver or a node (no waiting: the nodes' own start uses it)."""
         return {
             **os.environ,
             "RAY_ADDRESS": self.address,
@@ -126,7 +144,7 @@ class RayCluster:
         else:
             cmd += [f"--address={self.address}"]
         log = open(self.temp_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        env = {k: v for k, v in self.env().items() if k != "RAY_ADDRESS"}
+        env = {k: v for k, v in self._env().items() if k != "RAY_ADDRESS"}
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)  # fmt: skip
         log.close()
@@ -159,7 +177,7 @@ class RayCluster:
                 if proc.poll() is not None:
                     raise RuntimeError(f"ray node {name} exited:\n{self.log_tail()}")
             with contextlib.suppress(subprocess.SubprocessError):
-                out = subprocess.run([sys.executable, "-c", probe], env=self.env(), timeout=120,
+                out = subprocess.run([sys.executable, "-c", probe], env=self._env(), timeout=120,
                                      capture_output=True, text=True)  # fmt: skip
                 lines = out.stdout.strip().splitlines()
                 if out.returncode == 0 and lines and int(lines[-1]) >= count:
@@ -181,6 +199,7 @@ class RayCluster:
 
     def raylet_pid(self, name: str) -> int:
         """The pid of node ``name``'s raylet (in that node's process group)."""
+        self.wait_until_up()
         for pid in self._group_pids(name):
             with contextlib.suppress(OSError):
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
@@ -215,7 +234,9 @@ def ray_cluster() -> Iterator[RayCluster]:
     saying why, where Ray is missing. Stopped (by process group) at the end."""
     if why := ray_available():
         pytest.skip(why)
-    cluster = RayCluster()
+    # the nodes come up while the session's other servers start (MLflow, PostgreSQL: ~8 s
+    # each); the first test to use the cluster waits for them
+    cluster = RayCluster(wait=False)
     try:
         yield cluster
     finally:

@@ -59,7 +59,7 @@ def test_tracer_metrics_of_all_workers_add_up() -> None:
 # the validation passes (val_before_train, test_freq), so that start is paid once
 @pytest.mark.slow
 def test_two_ray_workers_trace_sampled_groups_into_one_server(
-    tmp_path: Path, mlflow_server: MlflowServer, ray_cluster: RayCluster
+    ray_cluster: RayCluster, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("transformers")
