@@ -3,8 +3,8 @@ PostgreSQL-backed ``mlflow server``, read back with MLflow's own client: every t
 once and tagged with its node; the server killed and restarted mid-run; a shared spool replayed
 from both nodes at once; a worker node's raylet killed mid-step (last: the node stays down).
 
-Slow (a cluster start is ~30 s on 2 shared cores); skipped, saying why, without Ray or
-PostgreSQL.
+Slow (the cluster's start, ~10 s on 2 quiet cores, overlaps the servers'); skipped, saying
+why, without Ray or PostgreSQL.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def _reconcile(per_worker: list[dict[str, Any]]) -> dict[str, float]:
     return {k: sum(m[k] for m in per_worker) for k in keys}
 
 
-# Each of these takes 25-30 s on 2 quiet cores (the first also waits for the session's
-# cluster, ~30 s): real Ray nodes, a PostgreSQL-backed server, scripted engines that pace the
-# steps so that the faults land mid-step.
+# Each of these takes 10-22 s on 2 quiet cores, ~10 s of it 2 actors starting (each imports
+# MLflow and loads a tokenizer): real Ray nodes, a PostgreSQL-backed server, scripted engines
+# that pace the steps so that the faults land mid-step (node loss: 4 s trajectories).
 def test_multinode_run_stores_every_trajectory_once_tagged_with_its_node(
     ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
