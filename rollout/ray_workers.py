@@ -333,9 +333,14 @@ class RayRolloutPool:
         ray = self.ray
         final: list[dict[str, Any]] = []
         try:
-            for w in getattr(self, "workers", []):
+            workers = list(getattr(self, "workers", []))
+            # all at once: K workers that each wait out their timeout (a backend that is down)
+            # take timeout_s together, not K times that
+            refs = [w.shutdown.remote(timeout_s) for w in workers]
+            deadline = time.monotonic() + timeout_s + 30
+            for w, ref in zip(workers, refs, strict=True):
                 try:
-                    final.append(ray.get(w.shutdown.remote(timeout_s), timeout=timeout_s + 30))
+                    final.append(ray.get(ref, timeout=max(1.0, deadline - time.monotonic())))
                 except Exception as exc:
                     log.warning("rollout-tracer: a rollout worker did not shut down: %s", exc)
                     final.append({})

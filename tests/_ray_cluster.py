@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +56,7 @@ class RayCluster:
     started, by process group.
     """
 
-    def __init__(self, start_timeout_s: float = 240.0) -> None:
+    def __init__(self, start_timeout_s: float = 240.0, wait: bool = True) -> None:
         # a short root: Ray's socket paths live under it and must stay under 108 bytes
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rtray-", dir="/tmp"))
         self.token = secrets.token_hex(16)
@@ -63,15 +66,35 @@ class RayCluster:
         self.start_timeout_s = start_timeout_s
         try:
             self._start("head")
-            self.wait_for_nodes(1)
+            # the worker node starts as soon as the head's GCS listens (it registers once the
+            # head is up), so both start together; one probe then waits for both
+            self._wait_for_port(NODE_IPS["head"], self.port)
             self._start("worker")
-            self.wait_for_nodes(2)
+            self._up = False
+            if wait:
+                self.wait_until_up()
         except BaseException:
             self.stop()
             raise
 
+    def wait_until_up(self) -> None:
+        """Until both nodes are alive (``wait=False`` leaves this to the first ``env()``,
+        ``drive()`` or ``raylet_pid()``: the nodes start while the session's servers do)."""
+        if not self._up:
+            try:
+                self.wait_for_nodes(2)
+            except BaseException:
+                self.stop()
+                raise
+            self._up = True
+
     def env(self) -> dict[str, str]:
-        """The environment of a driver (or of a node) that joins this cluster."""
+        """The environment of a driver that joins this cluster (once both nodes are up)."""
+        self.wait_until_up()
+        return self._env()
+
+    def _env(self) -> dict[str, str]:
+        """The environment of a driver or a node (no waiting: the nodes' own start uses it)."""
         return {
             **os.environ,
             "RAY_ADDRESS": self.address,
@@ -92,6 +115,16 @@ class RayCluster:
             ),
         }
 
+    def drive(self, scenario: str, **args: Any) -> dict[str, Any]:
+        """Run a scenario of tests/_multinode_driver.py in its own driver process on this
+        cluster (Ray reads its auth mode once per process: pytest's never joins); its result."""
+        proc = subprocess.run([sys.executable, "-m", "tests._multinode_driver", scenario,
+                               json.dumps(args)], env=self.env(), capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+        return dict(json.loads(lines[-1][len("RESULT "):]))
+
     def _start(self, name: str) -> None:
         ip = NODE_IPS[name]
         ports = {
@@ -111,7 +144,7 @@ class RayCluster:
         else:
             cmd += [f"--address={self.address}"]
         log = open(self.temp_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        env = {k: v for k, v in self.env().items() if k != "RAY_ADDRESS"}
+        env = {k: v for k, v in self._env().items() if k != "RAY_ADDRESS"}
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)  # fmt: skip
         log.close()
@@ -119,6 +152,19 @@ class RayCluster:
     def log_tail(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
                          for p in sorted(self.temp_dir.glob("*.log")))  # fmt: skip
+
+    def _wait_for_port(self, host: str, port: int) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"ray node {name} exited:\n{self.log_tail()}")
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ray head not listening on {host}:{port} in "
+                                   f"{self.start_timeout_s:.0f} s:\n{self.log_tail()}")  # fmt: skip
+            time.sleep(0.1)
 
     def wait_for_nodes(self, count: int) -> None:
         """Until ``count`` nodes are alive (asked through a short-lived driver subprocess, so
@@ -131,7 +177,7 @@ class RayCluster:
                 if proc.poll() is not None:
                     raise RuntimeError(f"ray node {name} exited:\n{self.log_tail()}")
             with contextlib.suppress(subprocess.SubprocessError):
-                out = subprocess.run([sys.executable, "-c", probe], env=self.env(), timeout=120,
+                out = subprocess.run([sys.executable, "-c", probe], env=self._env(), timeout=120,
                                      capture_output=True, text=True)  # fmt: skip
                 lines = out.stdout.strip().splitlines()
                 if out.returncode == 0 and lines and int(lines[-1]) >= count:
@@ -153,6 +199,7 @@ class RayCluster:
 
     def raylet_pid(self, name: str) -> int:
         """The pid of node ``name``'s raylet (in that node's process group)."""
+        self.wait_until_up()
         for pid in self._group_pids(name):
             with contextlib.suppress(OSError):
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
@@ -166,14 +213,13 @@ class RayCluster:
         return pid
 
     def stop(self) -> None:
-        """End every process each node started (its process group), then the temp dir."""
+        """End every process each node started (its process group), then the temp dir.
+
+        SIGKILL at once: the cluster and its data are throwaway, and a graceful `ray start`
+        exit took ~5 s of waiting per node; the group also takes the workers the raylet
+        started, which may outlive `ray start`."""
         for name in reversed(list(self.procs)):
             proc = self.procs[name]
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-            # workers the raylet started may outlive `ray start`: the whole group goes
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -188,7 +234,9 @@ def ray_cluster() -> Iterator[RayCluster]:
     saying why, where Ray is missing. Stopped (by process group) at the end."""
     if why := ray_available():
         pytest.skip(why)
-    cluster = RayCluster()
+    # the nodes come up while the session's other servers start (MLflow, PostgreSQL: ~8 s
+    # each); the first test to use the cluster waits for them
+    cluster = RayCluster(wait=False)
     try:
         yield cluster
     finally:

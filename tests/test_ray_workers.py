@@ -3,14 +3,12 @@ MLflow's own client: per-worker sampling limits, whole GRPO groups, no duplicate
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from rollout.config import load_config, trace_config
+from rollout.config import load_config
 from rollout.ray_workers import (
     combine_tracer_metrics,
     num_workers,
@@ -18,16 +16,14 @@ from rollout.ray_workers import (
     split_by_prompt,
 )
 from rollout.worker import iterate_batches, load_dataset
+from tests._ray_cluster import RayCluster
 from tests._servers import MlflowServer
 from tests.conftest import search_traces
 from tracer.sampling import sample_hash
 
-ROOT = Path(__file__).resolve().parent.parent
 EXP = "ray-workers"
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
-# "" is in every prompt: each trajectory calls the calculator once, then answers
-SCRIPT = {"": [f"Let me compute.\n{CALL}", "The result is 42.\n#### 42"]}
-# each Ray test starts a local cluster: with the other Ray tests, one at a time (conftest.py)
+# the session's Ray cluster (conftest.py): with the other Ray tests, one at a time; the
+# workers run tests/_multinode_driver.py's scripted engine (one calculator call, then 42)
 pytestmark = pytest.mark.xdist_group("servers")
 
 
@@ -58,34 +54,58 @@ def test_tracer_metrics_of_all_workers_add_up() -> None:
     assert combine_tracer_metrics(per_worker) == {"tracer/mlflow/exported": 10.0, rate: 20.0}
 
 
+# ~15 s on 2 quiet cores, most of it 2 actors starting (each imports MLflow and loads a
+# tokenizer): one run on the session's Ray cluster checks the sampling of training steps and
+# the validation passes (val_before_train, test_freq), so that start is paid once
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None,
-    reason="ray is not installed (pip install 'rollout-tracer[ray]')",
-)
 def test_two_ray_workers_trace_sampled_groups_into_one_server(
-    tmp_path: Path, mlflow_server: MlflowServer
+    ray_cluster: RayCluster, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("transformers")
     limit, n, batch_size, steps = 2, 2, 6, 3
     server, exp = mlflow_server, f"{EXP}-{tmp_path.name}"  # the session's server, our experiment
-    config = load_config([
+    overrides = [
         "actor_rollout_ref.rollout.name=scripted",
         f"actor_rollout_ref.rollout.n={n}",
         f"data.train_batch_size={batch_size}",
         f"trainer.total_steps={steps}",
         f"trainer.project_name={exp}",
-        "trainer.test_freq=0",  # validation: test_ray_workers_run_validation_passes
+        # validation before step 1, after step 2 (test_freq) and after the last step
+        "trainer.val_before_train=true", "trainer.test_freq=2", "data.val_max_samples=2",
         "actor_rollout_ref.rollout.agent.num_workers=2",
+        # half a CPU each: both fit on the head node alone (test_multinode takes the other down)
+        "actor_rollout_ref.rollout.agent.num_cpus_per_worker=0.5",
         f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={limit}",
         f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
-    ])  # fmt: skip
-    trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
-             "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
+    ]  # fmt: skip
+    config = load_config(overrides)
     t0 = time.perf_counter()
-    worker_ids = _run_pool(config, trace, steps, expect_exported=limit * n * steps)
+    # the scripted engine waits a little per call, so every trajectory of a step starts before
+    # the first one ends and sampling keeps exactly the lowest hashes
+    got_run = ray_cluster.drive("pool_run", overrides=overrides, delay_s=0.02, trace={
+        "spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.2,
+        "raise_internal_errors": True})  # fmt: skip
     elapsed = time.perf_counter() - t0
+    worker_ids = got_run["worker_ids"]
+    assert len(worker_ids) == 2 and len(set(worker_ids)) == 2, got_run
+    assert got_run["steps"] == [batch_size * n] * steps and got_run["tool_once_and_rewarded"]
+    # the driver waited for every worker's traces of every step (and validation) to be durable
+    assert got_run["flushed"] == {str(s): [True, True] for s in range(0, steps + 1)}, got_run
+    for m in got_run["metrics"]:
+        # per worker: its `limit` GRPO groups of each step, and 1 of the 2 validation prompts
+        # per pass (validation is sampled on its own, per (step, validate))
+        assert m["tracer/mlflow/exported"] == limit * n * steps + 3, m
+        assert m["tracer/mlflow/failed"] == 0 and m["tracer/dropped_buffer_full"] == 0
+
+    # the fixed validation set, split by prompt over both workers, at steps 0, 2 and 3
+    assert got_run["vals"] == [[0, True, 2], [2, True, 2], [3, True, 2]], got_run
+    val = search_traces(server.url, exp, "tags.validate = 'true'")
+    got_val = sorted((t.info.tags["step"], t.info.tags["sample_index"]) for t in val)
+    assert got_val == [(s, i) for s in ("0", "2", "3") for i in ("0", "1")]
+    for s in ("0", "2", "3"):  # each pass: one prompt on each worker
+        assert {t.info.tags["worker_id"] for t in val if t.info.tags["step"] == s} == set(
+            worker_ids)  # fmt: skip
 
     # expected: per step, worker i ran half of the batch (whole prompts) and kept the
     # `limit` prompts with the lowest sampling hash, each with all its n samples
@@ -102,7 +122,7 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(
             for i in idx[:limit]:
                 for k in range(n):
                     expected[(str(step), str(i), str(k))] = worker_ids[w]
-    traces = search_traces(server.url, exp)
+    traces = search_traces(server.url, exp, "tags.validate = 'false'")
     got = [(t.info.tags["step"], t.info.tags["sample_index"], t.info.tags["rollout_n"])
            for t in traces]  # fmt: skip
     assert len(got) == len(set(got)), "a trajectory was stored twice"
@@ -111,97 +131,26 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(
     for t, key in zip(traces, got, strict=True):
         assert t.info.tags["worker_id"] == expected[key]
     assert all(w.startswith(f"worker-{i}@") and ":" in w for i, w in enumerate(worker_ids))
-    print(f"ray workers: {len(got)} traces in {elapsed:.1f} s (cluster start to shutdown)")
+    print(f"ray workers: {len(got)} + {len(val)} traces in {elapsed:.1f} s (driver start to "
+          "shutdown)")
 
 
-def test_ray_workers_run_validation_passes(tmp_path: Path, mlflow_server: MlflowServer) -> None:
-    pytest.importorskip("mlflow")
-    pytest.importorskip("transformers")
-    import ray
-
-    from rollout.ray_workers import RayRolloutPool
-
-    server, exp = mlflow_server, f"{EXP}-{tmp_path.name}"  # the session's server, our experiment
-    pool: Any = None
-    try:
-        config = load_config([
-            "actor_rollout_ref.rollout.name=scripted", "actor_rollout_ref.rollout.n=1",
-            "data.train_batch_size=2", "trainer.total_steps=2", f"trainer.project_name={exp}",
-            "trainer.val_before_train=true", "trainer.test_freq=2", "data.val_max_samples=2",
-            "actor_rollout_ref.rollout.agent.num_workers=2",
-            f"actor_rollout_ref.rollout.trace.tracking_uri={server.url}",
-        ])  # fmt: skip
-        trace = {**trace_config(config), "spool_dir": str(tmp_path / "spool"),
-                 "flush_interval_s": 0.2, "raise_internal_errors": True}  # fmt: skip
-        ray.init(address="local", num_cpus=2, include_dashboard=False,
-                 object_store_memory=150 * 1024**2,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-        pool = RayRolloutPool(config, trace, engine_kwargs={"script": SCRIPT})
-        vals: list[Any] = []
-        pool.run(2, on_validate=vals.append)
-        # the fixed set, split by prompt over both workers, at steps 0 and 2
-        assert [(v.step, v.validate, len(v.outputs)) for v in vals] == [(0, True, 2), (2, True, 2)]
-        assert pool.flushed[0] == [True, True] and pool.flushed[2] == [True, True]
-        val = search_traces(server.url, exp, "tags.validate = 'true'")
-        got = sorted((t.info.tags["step"], t.info.tags["sample_index"]) for t in val)
-        assert got == [("0", "0"), ("0", "1"), ("2", "0"), ("2", "1")]
-        assert len({t.info.tags["worker_id"] for t in val}) == 2
-    finally:
-        try:
-            if pool is not None:
-                pool.shutdown()
-        finally:
-            ray.shutdown()
-
-
-def _run_pool(
-    config: dict[str, Any], trace: dict[str, Any], steps: int, expect_exported: int
-) -> list[str]:
-    """Run ``steps`` steps on 2 Ray actors in a fresh small local cluster; the worker ids."""
-    import ray
-
-    from rollout.ray_workers import RayRolloutPool
-
-    pool: Any = None
-    try:
-        # A new small local cluster (address="local": never a cluster `ray start`ed on this
-        # machine); PYTHONPATH lets the workers import the checkout even uninstalled.
-        ray.init(address="local", num_cpus=2, include_dashboard=False,
-                 object_store_memory=150 * 1024**2,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-        # the scripted engine waits a little per call, so every trajectory of a step starts
-        # before the first one ends and sampling keeps exactly the lowest hashes
-        pool = RayRolloutPool(config, trace, engine_kwargs={"script": SCRIPT, "delay_s": 0.02})
-        assert len(pool.worker_ids) == 2 and len(set(pool.worker_ids)) == 2
-        results = pool.run(steps)
-        batch = int(config["data"]["train_batch_size"])
-        n = int(config["actor_rollout_ref"]["rollout"]["n"])
-        assert [len(r.outputs) for r in results] == [batch * n] * steps
-        assert all(o.tool_calls == 1 and o.reward for r in results for o in r.outputs)
-        # the driver waited for every worker's traces of every step to be durable
-        assert pool.flushed == {s: [True, True] for s in range(1, steps + 1)}
-        for m in pool.metrics():
-            assert m["tracer/mlflow/exported"] == expect_exported, m
-            assert m["tracer/mlflow/failed"] == 0 and m["tracer/dropped_buffer_full"] == 0
-        return list(pool.worker_ids)
-    finally:
-        try:
-            if pool is not None:
-                pool.shutdown()
-        finally:
-            ray.shutdown()
-
-
-# ~35 s on 2 quiet cores: a local Ray cluster, SmolLM2 loaded in the actor and twice in the
-# driver (trainer and reference), real generation; 48 response tokens are enough to check
+# ~25 s on 2 quiet cores: the driver loads its trainer and reference models, the actor its
+# engine, then real generation and the trainer pass. The model is tiny-qwen3 (2 random layers,
+# a real tokenizer): what this checks is the Ray path, the driver annotating the traces that a
+# worker stored; SmolLM2's own trainer pass is test_main_job's, and its bfloat16 forward
+# passes cost ~25 s more here on a CPU without bfloat16. The run joins the session's Ray
+# cluster (as `rollout-tracer run` does on a cluster node) rather than paying for a local
+# cluster of its own; its one worker fits on the head node, which no test takes down.
 @pytest.mark.slow
-def test_ray_run_driver_does_the_trainer_pass(tmp_path: Path, mlflow_uri: str) -> None:
+def test_ray_run_driver_does_the_trainer_pass(
+    tmp_path: Path, mlflow_uri: str, ray_cluster: RayCluster
+) -> None:
     """With Ray workers the driver plays verl's trainer: its own models recompute every
     trajectory's log-probs, attach them to the traces the worker stored, and log
     rollout_corr/* and the health counts of each step."""
     pytest.importorskip("mlflow")
     pytest.importorskip("xgrammar")
-    import os
     import subprocess
     import sys
 
@@ -212,13 +161,13 @@ def test_ray_run_driver_does_the_trainer_pass(tmp_path: Path, mlflow_uri: str) -
            "actor_rollout_ref.rollout.agent.num_workers=1", "actor_rollout_ref.rollout.n=2",
            "trainer.total_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0",
            "trainer.logger=[console,mlflow]", "trainer.kl_heatmap_freq=0",
+           "actor_rollout_ref.model.path=tiny-qwen3",
            "actor_rollout_ref.rollout.response_length=48",
            f"trainer.project_name={project}",
            f"actor_rollout_ref.rollout.trace.tracking_uri={mlflow_uri}",
-           f"+actor_rollout_ref.rollout.trace.spool_dir={tmp_path / 'spool'}",
-           "ray_kwargs.ray_init.num_cpus=2"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
+           f"+actor_rollout_ref.rollout.trace.spool_dir={tmp_path / 'spool'}"]  # fmt: skip
+    # RAY_ADDRESS and the cluster's token; PYTHONPATH: this checkout, installed or not
+    proc = subprocess.run(cmd, env=ray_cluster.env(), cwd=tmp_path, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "done: 2 training" in proc.stdout, proc.stdout
