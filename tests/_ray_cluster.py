@@ -28,10 +28,13 @@ from typing import Any
 
 import pytest
 
-from tests._servers import free_port
+from tests._servers import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_IPS = {"head": "127.0.0.2", "worker": "127.0.0.3"}
+# the ports each node is given (Ray would otherwise pick fixed or random ones of its own)
+_NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+               "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
 
 
 def ray_available() -> str:
@@ -60,7 +63,9 @@ class RayCluster:
         # a short root: Ray's socket paths live under it and must stay under 108 bytes
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rtray-", dir="/tmp"))
         self.token = secrets.token_hex(16)
-        self.port = free_port()
+        # every port of both nodes at once, all distinct
+        self.port, *rest = free_ports(1 + 2 * len(_NODE_PORTS))
+        self.node_ports = {"head": rest[: len(_NODE_PORTS)], "worker": rest[len(_NODE_PORTS):]}
         self.address = f"{NODE_IPS['head']}:{self.port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.start_timeout_s = start_timeout_s
@@ -127,13 +132,8 @@ class RayCluster:
 
     def _start(self, name: str) -> None:
         ip = NODE_IPS[name]
-        ports = {
-            "--node-manager-port": free_port(), "--object-manager-port": free_port(),
-            "--dashboard-agent-listen-port": free_port(),
-            "--dashboard-agent-grpc-port": free_port(), "--metrics-export-port": free_port(),
-            "--runtime-env-agent-port": free_port(),
-            "--min-worker-port": 0, "--max-worker-port": 0,
-        }  # fmt: skip
+        ports: dict[str, int] = dict(zip(_NODE_PORTS, self.node_ports[name], strict=True))
+        ports.update({"--min-worker-port": 0, "--max-worker-port": 0})
         cmd = [_ray_exe(), "start", "--block", "--num-cpus=1", "--num-gpus=0",
                f"--resources={{\"node_{name}\": 1}}", f"--node-ip-address={ip}",
                "--object-store-memory=100000000", "--disable-usage-stats",

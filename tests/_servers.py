@@ -34,6 +34,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports. Each socket stays bound until all are chosen: one at a time,
+    the kernel may hand the same port out twice (a Ray node once got one port for two of its
+    components and exited)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 def closed_port_url() -> str:
     """An OTLP endpoint on 127.0.0.1 where nothing listens (connection refused at once)."""
     return f"http://127.0.0.1:{free_port()}/v1/traces"
