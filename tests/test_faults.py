@@ -449,6 +449,8 @@ def no_mlflow_http_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 
 
+# ~30 s in the suite, by nature: two starts of a real mlflow server, and the flush waits for
+# the second one (the server comes back 4 s after the kill)
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_mlflow_http_retries")
 def test_server_back_after_last_step_within_flush_timeout(tmp_path: Path) -> None:

@@ -124,6 +124,9 @@ def test_generate_does_not_block_the_event_loop(tiny_engine: Any) -> None:
     assert asyncio.run(main()) >= 5
 
 
+# ~40 s in the suite, by nature: SmolLM2 generates 4 multi-turn trajectories on CPU, with
+# log-probs. No time bound here (the project's standard: speed lives in benchmarks/); a bound
+# of 120 s failed at a load average of 8-11
 @pytest.mark.slow
 def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
     config = load_config([
@@ -137,7 +140,6 @@ def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
     ])  # fmt: skip
     tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="hf-e2e",
                 token2text=True, raise_internal_errors=True)  # fmt: skip
-    start = time.perf_counter()
     engine = make_engine(config)
 
     async def main() -> Any:
@@ -147,7 +149,6 @@ def test_smollm2_traced_multi_turn_rollout_end_to_end(mlflow_uri: str) -> None:
             await engine.close()
 
     [result] = asyncio.run(main())
-    assert time.perf_counter() - start < 120
     assert len(result.outputs) == 4
     for out in result.outputs:
         assert out.reward is not None and out.num_assistant_turns >= 1

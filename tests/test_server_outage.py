@@ -16,6 +16,8 @@ from tests.conftest import search_traces
 pytest.importorskip("mlflow")
 
 
+# ~35 s in the suite, by nature: two starts of a real mlflow server (the restart is the point)
+# and 500 traces stored through it
 def test_server_killed_mid_run_and_restarted_stores_exactly_500(tmp_path: Path):
     root = tmp_path / "server"
     root.mkdir()
