@@ -185,13 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=300, help="trajectories per writer")
     p.add_argument("--load-n", type=int, default=2000, help="trajectories per load writer")
     p.add_argument("--writers", default="1,2,4")
-    p.add_argument("--output", required=True)
+    p.add_argument("--output", help="write the Markdown section here (default: print it)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     counts = tuple(int(x) for x in a.writers.split(","))
     result = run(a.n, a.load_n, counts)
     result["machine"] = machine_info()
-    Path(a.output).write_text(render(result))
+    if a.output:
+        Path(a.output).write_text(render(result))
+    else:
+        print(render(result))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1, default=str))
     return 0
