@@ -113,6 +113,19 @@ def _trajectory(i: int) -> None:
         tool(i)
 
 
+def _records(n: int) -> list[Any]:
+    """``n`` traced trajectories' records, made with the memory backend."""
+    from tracer.testing import InMemoryExporter
+
+    tracer.init(backend="memory")
+    for i in range(n):
+        _trajectory(i)
+    assert tracer.flush(30)
+    records = InMemoryExporter.latest().records
+    tracer.reset()
+    return list(records)
+
+
 def _spooled(spool: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in spool.glob("trackio-*/*.jsonl"))
 
@@ -234,14 +247,7 @@ def test_a_batch_sent_again_is_logged_once(public_trackio: PublicTrackio) -> Non
     thread, whose current run (the trainer's, another project) stays current and running."""
     from tracer.backends.trackio_backend import TrackioExporter
     from tracer.config import TraceConfig
-    from tracer.testing import InMemoryExporter
-
-    tracer.init(backend="memory")
-    for i in range(3):
-        _trajectory(i)
-    assert tracer.flush(30)
-    records = InMemoryExporter.latest().records
-    tracer.reset()
+    records = _records(3)
     train = public_trackio.init(project="metrics", name="train")
     exporter = TrackioExporter(TraceConfig(project_name=PROJECT, experiment_name=RUN))
     exporter.export(records[:2])
@@ -260,14 +266,7 @@ def test_two_exporters_of_a_process_share_one_run_finished_by_the_last(
     only once its sender has stored it): started once, finished once, by the last to stop."""
     from tracer.backends.trackio_backend import TrackioExporter
     from tracer.config import TraceConfig
-    from tracer.testing import InMemoryExporter
-
-    tracer.init(backend="memory")
-    for i in range(2):
-        _trajectory(i)
-    assert tracer.flush(30)
-    records = InMemoryExporter.latest().records
-    tracer.reset()
+    records = _records(2)
     config = TraceConfig(project_name=PROJECT, experiment_name=RUN)
     traces, annotations = TrackioExporter(config), TrackioExporter(config)
     traces.export(records[:1])
