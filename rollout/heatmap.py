@@ -91,12 +91,4 @@ WRITERS: dict[str, Callable[[Any, Any, int, str], None]] = {
 def log_heatmap(tracking: Any, step: int, image: Any, caption: str) -> list[str]:
     """Log ``image`` to every tracker of ``tracking`` that takes images; returns their names.
     A tracker that fails is warned about once, as for metrics (``Tracking._call``)."""
-    done = []
-    for tracker in tracking.trackers:
-        writer = WRITERS.get(tracker.name)
-        if writer is None:
-            continue
-        tracking.call(tracker, "log the KL heatmap",
-                      lambda t=tracker, w=writer: w(t, image, step, caption))  # fmt: skip
-        done.append(tracker.name)
-    return done
+    return list(tracking.call_each(WRITERS, "log the KL heatmap", image, step, caption))

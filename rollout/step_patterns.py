@@ -115,12 +115,4 @@ WRITERS: dict[str, Callable[[Any, str, int], None]] = {
 def log_top_pattern(tracking: Any, step: int, text: str) -> list[str]:
     """Log ``text`` to every tracker of ``tracking`` that takes text; returns their names. A
     tracker that fails is warned about once, as for metrics (``Tracking._call``)."""
-    done = []
-    for tracker in tracking.trackers:
-        writer = WRITERS.get(tracker.name)
-        if writer is None:
-            continue
-        tracking.call(tracker, "log the top pattern",
-                      lambda t=tracker, w=writer: w(t, text, step))  # fmt: skip
-        done.append(tracker.name)
-    return done
+    return list(tracking.call_each(WRITERS, "log the top pattern", text, step))

@@ -442,6 +442,19 @@ class Tracking:
         warned about once per kind and the rollout goes on."""
         self._call(tracker, what, fn)
 
+    def call_each(self, writers: Mapping[str, Callable[..., None]], what: str,
+                  *args: Any) -> list[str]:  # fmt: skip
+        """``writers[name](tracker, *args)`` for every tracker that has a writer (those that take
+        an image, or text); a failure is warned about once per kind. The trackers' names."""
+        done = []
+        for tracker in self.trackers:
+            writer = writers.get(tracker.name)
+            if writer is None:
+                continue
+            self._call(tracker, what, lambda t=tracker, w=writer: w(t, *args))  # type: ignore[misc]
+            done.append(tracker.name)
+        return done
+
     def log(self, metrics: Mapping[str, Any], step: int) -> dict[str, float]:
         """Log ``metrics`` (non-numbers skipped with one warning each) at ``step``."""
         clean = clean_metrics(metrics)
