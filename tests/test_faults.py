@@ -330,19 +330,22 @@ def test_unexpected_error_in_each_background_loop_is_counted_and_the_loop_goes_o
     from tracer.export_worker import ExportWorker
     from tracer.pipeline import Pipeline
 
-    def once(real: Any) -> Any:
+    def once(real: Any, only: str | None = None) -> Any:
         calls = []
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
-            if len(calls) == 1:
-                raise RuntimeError("injected bug")
-            return real(*args, **kwargs)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # the patch is class-wide: a worker another test left behind in this process (an OTLP
+            # worker still inside its retries) must not take the one injected bug (CI, 2026-12-03)
+            if only is None or self.name == only:
+                calls.append(1)
+                if len(calls) == 1:
+                    raise RuntimeError("injected bug")
+            return real(self, *args, **kwargs)
 
         return wrapper
 
     monkeypatch.setattr(Pipeline, "_process", once(Pipeline._process))
-    monkeypatch.setattr(ExportWorker, "_step", once(ExportWorker._step))
+    monkeypatch.setattr(ExportWorker, "_step", once(ExportWorker._step, only="flaky"))
     tracer.init(base_config(tmp_path, mlflow_uri, raise_internal_errors=raise_internal_errors))
     trace(5, step=0)  # the first batch meets the processor's bug: lost, and counted
     wait_for(lambda: tracer.metrics().get("tracer/dropped/internal_error") == 5,
