@@ -56,6 +56,39 @@ def forward(
     return lps, [float(x) for x in ent]
 
 
+def native_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX, through
+    oneDNN). False where it cannot tell (the check is PyTorch's own, not a public API)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
+
+
+def bf16_matmuls_in_float32(model: Any) -> None:
+    """Run this model's ``nn.Linear`` layers as a GPU's bfloat16 GEMM computes them: bfloat16
+    inputs and weights, float32 products and sums, the result rounded to bfloat16. Every
+    bfloat16 value is exact in float32, so only the order of the sums differs from a native
+    kernel. Without native bfloat16, PyTorch falls back to a reference kernel ~6x slower than
+    float32 (one SmolLM2 pass over 600 tokens: 14.7 s against 2.6 s this way, 2026-12-03), and
+    that pass was a third of the main job. Only this model instance changes (its layers'
+    ``forward``); everything else in it stays bfloat16."""
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    def linear(self: Any, x: Any) -> Any:
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.forward = types.MethodType(linear, module)
+
+
 def annotate_step(result: Any, model: Any) -> int:
     """Recompute and attach ``train_logprob`` for every trajectory of a ``StepResult``;
     returns how many were handed to the tracer."""
@@ -109,6 +142,8 @@ class TrainerPass:
 
         path = config["actor_rollout_ref"]["model"]["path"]
         train, _ = load_model(path, dtype="bfloat16")
+        if not native_bf16_matmul():
+            bf16_matmuls_in_float32(train)
         ref = getattr(engine, "model", None)  # the hf engine's float32 weights, shared
         if ref is None or not callable(ref):
             ref, _ = load_model(path, dtype="float32")
