@@ -63,4 +63,5 @@ def test_the_trainer_pass_bf16_gap_is_the_native_kernels_size() -> None:
     def gap(a: list[float]) -> float:
         return sum(abs(u - v) for u, v in zip(a, ref, strict=True)) / len(ref)
 
-    assert 0 < gap(emulated) <= 3 * gap(native), (gap(emulated), gap(native))  # bfloat16, not float32
+    # bfloat16 (not float32), and no further from float32 than the native kernel
+    assert 0 < gap(emulated) <= 3 * gap(native), (gap(emulated), gap(native))
