@@ -35,6 +35,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = getattr(item, "fixturenames", ())
         if any(f in names for f in SHARED_SERVERS) and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group("servers"))
+    # Longest first: xdist hands tests out in this order, so a long test that came late in
+    # the alphabet ran on while the other workers had finished (the main job started ~5 min
+    # in and set the suite's end). A stable sort: every worker computes the same order.
+    items.sort(key=lambda item: -_expected_seconds(item))
+
+
+def _expected_seconds(item: pytest.Item) -> float:
+    """``@pytest.mark.slow(seconds=N)``: about how long the test takes in a quiet full run
+    (only the order uses it); a plain ``slow`` mark counts as 30 s, other tests as 0."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("seconds", 30))
 
 
 @pytest.fixture(autouse=True)

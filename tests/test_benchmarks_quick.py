@@ -38,7 +38,7 @@ def _section(text: str, heading: str) -> str:
 
 # e2e alone takes 60-100 s: its quick run still starts a PostgreSQL server, an mlflow server
 # and three spawned MLflow writers, the peers it is measured against
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 @pytest.mark.parametrize("sections", list(PARTS))
 def test_quick_benchmarks_write_every_section(tmp_path: Path, sections: str) -> None:
     out = tmp_path / "RESULTS.md"

@@ -147,7 +147,7 @@ def schedule(seed: int) -> list[tuple[float, str]]:
     return sorted(events)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 @pytest.mark.export_child  # the default config's export child is part of what is tested
 @pytest.mark.parametrize("seed", SEEDS)
 def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) -> None:
