@@ -3,10 +3,11 @@
     python -m benchmarks.chaos                      # 150 s per seed, seeds 1,2,3
     python -m benchmarks.chaos --seconds 300 --seeds 4,5
 
-The test suite runs one 60 s schedule (seed 1), enough to overlap every fault kind once; this
-runs what issue 37 first reproduced (150 s: server kills, rollout kills and disk fills
-overlapping) for several seeds, one after another (each takes both cores). It needs root for
-the tmpfs the spool fills. Exits with pytest's status; each seed prints its ledger summary.
+The test suite runs one 60 s schedule (seed 1, 6 trajectories a second per process), enough
+to overlap every fault kind once; this runs what issue 37 first reproduced (150 s at 12 a
+second: server kills, rollout kills and disk fills overlapping) for several seeds, one after
+another (each takes both cores). It needs root for the tmpfs the spool fills. Exits with
+pytest's status; each seed prints its ledger summary.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--seconds", type=float, default=150.0, help="schedule length per seed")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
+    parser.add_argument("--rate", type=float, default=12.0,
+                        help="trajectories a second per rollout process (the suite runs 6)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not seeds or args.seconds < 50:
         parser.error("give at least one seed and --seconds >= 50 (the schedule needs the room)")
-    env = dict(os.environ, CHAOS_SECONDS=str(args.seconds),
+    env = dict(os.environ, CHAOS_SECONDS=str(args.seconds), CHAOS_RATE=str(args.rate),
                CHAOS_SEEDS=",".join(map(str, seeds)))  # fmt: skip
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-s", "-q",
            "--durations=0", "tests/test_chaos.py"]  # fmt: skip
