@@ -86,7 +86,7 @@ def bf16_matmuls_in_float32(model: Any) -> None:
 
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            module.forward = types.MethodType(linear, module)
+            module.forward = types.MethodType(linear, module)  # type: ignore[method-assign]
 
 
 def annotate_step(result: Any, model: Any) -> int:
