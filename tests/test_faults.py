@@ -522,3 +522,38 @@ def test_server_down_at_shutdown_prints_replay_command_that_stores_everything_on
     finally:
         tracer.reset()
         server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
+
+
+class _SlowlyDown(FlakyMlflow):
+    """Down, and each failing call takes 3 s (a connect timeout, OTel's backoff inside one
+    call): longer than the shutdown's whole flush below."""
+
+    name = "slowdown"
+
+    def export(self, batch: Any, *, replay: bool = False) -> ExportResult:
+        time.sleep(3.0)
+        return ExportResult.FAILURE
+
+
+register_backend("slowdown", _SlowlyDown)
+
+
+def test_shutdown_with_the_backend_down_leaves_no_export_call_running(
+    tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shutdown's flush probes a down backend until its deadline. A probe begun inside it
+    outlived shutdown(), which had said the batches wait in the spool: the worker went on and
+    exported them behind the user's back (a replay then found nothing: test_credentials under
+    load; CI: another test's class-wide patch met the thread). The flush now starts no probe
+    it cannot finish (the last failed call's length): the worker is idle and stops at once."""
+    spool = tmp_path / "spool"
+    tracer.init(backend="slowdown", tracking_uri=mlflow_uri, project_name=EXP,
+                spool_dir=str(spool), export_max_retries=0, shutdown_timeout_s=2,
+                flush_interval_s=0.05)  # fmt: skip
+    trace(3, step=0)
+    wait_for(lambda: tracer.metrics().get("tracer/slowdown/down") == 1, "the backend to be down")
+    tracer.reset()  # shutdown: a 2 s flush; each probe would take 3 s
+    left = [t.name for t in threading.enumerate() if t.name == "rollout-tracer-slowdown"]
+    assert not left, "an export worker still runs after shutdown"
+    assert "stuck in an export call" not in caplog.text
+    assert len(list(spool.rglob("*.jsonl"))) >= 1  # the batches wait in the spool

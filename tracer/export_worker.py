@@ -132,6 +132,7 @@ class ExportWorker:
         self.refused_because = "spool_error_at_shutdown"  # the spool's last refusal, as a reason
         self.inflight_since = 0.0  # monotonic start of the export call in progress, or 0
         self.last_probe = 0.0
+        self.failed_call_s = 0.0  # how long the last failed export call took
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -332,6 +333,11 @@ class ExportWorker:
                     probe_at = self.next_probe
                     if self.flush_until > now:
                         probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
+                        if now + self.failed_call_s > self.flush_until:
+                            # a probe now would outlast the flush; at shutdown the worker
+                            # would be left inside it, still exporting after shutdown()
+                            # returned and said the batches wait in the spool
+                            probe_at = max(probe_at, self.flush_until + 1.0)
                     if now >= probe_at:
                         break
                     self.cond.wait(min(probe_at - now, self.config.replay_interval_s,
@@ -364,6 +370,7 @@ class ExportWorker:
         retries = 0 if retried else self.config.export_max_retries
         batch.first_try = False
         with self._calling:
+            called = time.monotonic()
             result = self._export(records, lines, retries, replay)
         if result is not ExportResult.FAILURE:
             with self.cond:  # from now on respool() leaves it alone
@@ -375,6 +382,7 @@ class ExportWorker:
             self.inflight_since = 0.0
             self.last_probe = time.monotonic()
             if result is ExportResult.FAILURE:
+                self.failed_call_s = self.last_probe - called
                 if not self.down:
                     self.outage.went_down(retries + 1, self.spool.dir if self.spool else None)
                 self.down = True
