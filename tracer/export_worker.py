@@ -132,7 +132,7 @@ class ExportWorker:
         self.refused_because = "spool_error_at_shutdown"  # the spool's last refusal, as a reason
         self.inflight_since = 0.0  # monotonic start of the export call in progress, or 0
         self.last_probe = 0.0
-        self.failed_call_s = 0.0  # how long the last failed export call took
+        self.failed_call_s = 0.0  # the longest failed probe of this outage
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -334,7 +334,7 @@ class ExportWorker:
                     if self.flush_until > now:
                         probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
                         if now + self.failed_call_s > self.flush_until:
-                            # a probe now would outlast the flush; at shutdown the worker
+                            # a probe now could outlast the flush; at shutdown the worker
                             # would be left inside it, still exporting after shutdown()
                             # returned and said the batches wait in the spool
                             probe_at = max(probe_at, self.flush_until + 1.0)
@@ -382,7 +382,9 @@ class ExportWorker:
             self.inflight_since = 0.0
             self.last_probe = time.monotonic()
             if result is ExportResult.FAILURE:
-                self.failed_call_s = self.last_probe - called
+                if retries == 0:  # a probe (one attempt); the longest, not the last: OTel's
+                    # call ends at once or after a backoff inside it, by its jitter's toss
+                    self.failed_call_s = max(self.failed_call_s, self.last_probe - called)
                 if not self.down:
                     self.outage.went_down(retries + 1, self.spool.dir if self.spool else None)
                 self.down = True
@@ -391,6 +393,7 @@ class ExportWorker:
             if self.down:
                 self.outage.came_back(self.todo)
             self.down = False
+            self.failed_call_s = 0.0
             self._settle(batch)
             if result is ExportResult.REJECTED:
                 self._drop(batch, "rejected_by_backend")
