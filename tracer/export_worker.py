@@ -370,7 +370,6 @@ class ExportWorker:
         retries = 0 if retried else self.config.export_max_retries
         batch.first_try = False
         with self._calling:
-            called = time.monotonic()
             result = self._export(records, lines, retries, replay)
         if result is not ExportResult.FAILURE:
             with self.cond:  # from now on respool() leaves it alone
@@ -379,12 +378,12 @@ class ExportWorker:
             if path is not None and self.spool:
                 self.spool.delete(path)  # before flush() can see this batch as done
         with self.cond:
-            self.inflight_since = 0.0
             self.last_probe = time.monotonic()
+            took, self.inflight_since = self.last_probe - self.inflight_since, 0.0
             if result is ExportResult.FAILURE:
                 if retries == 0:  # a probe (one attempt); the longest, not the last: OTel's
                     # call ends at once or after a backoff inside it, by its jitter's toss
-                    self.failed_call_s = max(self.failed_call_s, self.last_probe - called)
+                    self.failed_call_s = max(self.failed_call_s, took)
                 if not self.down:
                     self.outage.went_down(retries + 1, self.spool.dir if self.spool else None)
                 self.down = True
