@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +83,7 @@ class RayCluster:
 
     def wait_until_up(self) -> None:
         """Until both nodes are alive (``wait=False`` leaves this to the first ``env()``,
-        ``drive()`` or ``raylet_pid()``: the nodes start while the session's servers do)."""
+        ``drive()`` or ``raylet_pid()``: the nodes start while the test's other setup runs)."""
         if not self._up:
             try:
                 self.wait_for_nodes(2)
@@ -228,16 +227,28 @@ class RayCluster:
 
 
 
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayCluster]:
-    """A two-node Ray cluster for the session (head 127.0.0.2, worker 127.0.0.3); skips,
-    saying why, where Ray is missing. Stopped (by process group) at the end."""
+# The worker's cluster: started by the first test that asks for it, stopped after the last
+# one (tests/conftest.py) or at the end of the session. An idle two-node cluster costs ~4.5 s
+# of CPU a minute (measured: its processes' CPU over 60 s idle); the Ray tests run first on
+# the "servers" worker, so it would sit idle for most of the suite.
+_shared: RayCluster | None = None
+
+
+@pytest.fixture
+def ray_cluster() -> RayCluster:
+    """The two-node Ray cluster the tests share (head 127.0.0.2, worker 127.0.0.3); skips,
+    saying why, where Ray is missing."""
+    global _shared
     if why := ray_available():
         pytest.skip(why)
-    # the nodes come up while the session's other servers start (MLflow, PostgreSQL: ~8 s
-    # each); the first test to use the cluster waits for them
-    cluster = RayCluster(wait=False)
-    try:
-        yield cluster
-    finally:
+    if _shared is None:
+        _shared = RayCluster(wait=False)  # its nodes start while the test's own setup runs
+    return _shared
+
+
+def stop_shared_cluster() -> None:
+    """Stop the shared cluster, if one runs (a later test that asks starts a new one)."""
+    global _shared
+    cluster, _shared = _shared, None
+    if cluster is not None:
         cluster.stop()

@@ -13,7 +13,7 @@ import tracer
 
 # The session-scoped servers, registered here once: a fixture imported into several test
 # modules is a separate fixture in each, and each started its own server.
-from tests._ray_cluster import ray_cluster  # noqa: F401
+from tests._ray_cluster import ray_cluster, stop_shared_cluster  # noqa: F401
 from tests._servers import mlflow_server, postgres_mlflow_server, postgres_uri  # noqa: F401
 
 # MLflow's own telemetry and async logging are not what we test; keep them out of the way.
@@ -159,3 +159,28 @@ def trackio_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     yield path
     tracer.reset()  # finishes a run the trackio backend started
     trackio.context_vars.current_run.set(None)  # the run trackio.init made current here
+
+
+def _last_index_using(items: list[pytest.Item], fixture: str) -> int:
+    """The position in the suite's order of the last test that uses ``fixture`` (-1: none)."""
+    last = -1
+    for i, item in enumerate(items):
+        if fixture in getattr(item, "fixturenames", ()):
+            last = i
+    return last
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared Ray cluster after the last test that uses it. Every such test is in
+    the "servers" group, which one worker runs in the suite's order (longest first: the Ray
+    tests lead it), so no later test of this worker's needs the cluster; a test that asked
+    after all would start a new one (tests/_ray_cluster.py)."""
+    if "ray_cluster" not in getattr(item, "fixturenames", ()):
+        return
+    items = item.session.items
+    if items.index(item) >= _last_index_using(items, "ray_cluster"):
+        stop_shared_cluster()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_shared_cluster()

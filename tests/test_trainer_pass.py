@@ -65,3 +65,26 @@ def test_the_trainer_pass_bf16_gap_is_the_native_kernels_size() -> None:
 
     # bfloat16 (not float32), and no further from float32 than the native kernel
     assert 0 < gap(emulated) <= 3 * gap(native), (gap(emulated), gap(native))
+
+
+def test_the_pass_runs_on_the_engines_thread_count_and_gives_the_old_one_back() -> None:
+    """``rollout.num_threads`` holds for the trainer pass too (torch's default, every core,
+    spun for cores a busy machine does not have: 21 % slower beside a busy process), and the
+    caller's setting is as it was afterwards."""
+    from types import SimpleNamespace
+
+    from rollout.trainer_pass import TrainerPass
+
+    model, _ = load_model("tiny-qwen3", dtype="float32")
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2  # a count that differs from the caller's
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    out = SimpleNamespace(prompt_ids=list(range(5, 25)), response_ids=list(range(50, 56)),
+                          response_mask=[1] * 6, response_logprobs=[-1.0] * 6,
+                          extra={"step": 0, "sample_index": 0, "rollout_n": 0})  # fmt: skip
+    metrics, tokens = TrainerPass(model, model, num_threads=wanted).run(
+        SimpleNamespace(step=0, outputs=[out]))  # fmt: skip
+    assert seen == [wanted, wanted]  # the trainer's pass and the reference's
+    assert torch.get_num_threads() == before
+    assert len(tokens.train[0]) == 6 and metrics
