@@ -226,7 +226,6 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-
 # The worker's cluster: started by the first test that asks for it, stopped after the last
 # one (tests/conftest.py) or at the end of the session. An idle two-node cluster costs ~4.5 s
 # of CPU a minute (measured: its processes' CPU over 60 s idle); the Ray tests run first on

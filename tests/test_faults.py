@@ -3,9 +3,10 @@ client, and checks that the counters reconcile (submitted == exported + pending 
 
 Faults are injected where they happen: the global ``random`` seeded alike in two processes, a
 spool on a full tmpfs (or, where no tmpfs can be mounted, ENOSPC from the spool's write call),
-a spool file deleted under the tracer, a real ``mlflow server`` killed and restarted, an
-exporter that raises or hangs. The exporter faults wrap the real MLflow exporter
-(``FlakyMlflow``): the data still goes to a real store.
+a spool file deleted under the tracer, a real ``mlflow server`` that goes away and comes back
+(its port closed and opened again: tests/_forward.py), an exporter that raises or hangs. The
+exporter faults wrap the real MLflow exporter (``FlakyMlflow``): the data still goes to a real
+store.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,8 @@ import pytest
 import tracer
 import tracer.spool as spool_mod
 from tests._disks import full_disk
-from tests._servers import free_port, start_mlflow_server
+from tests._forward import Outage
+from tests._servers import MlflowServer
 from tests._wait import wait_for
 from tests.conftest import search_traces
 from tracer.backends import register_backend
@@ -452,55 +455,51 @@ def no_mlflow_http_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 
 
-# ~30 s in the suite, by nature: two starts of a real mlflow server, and the flush waits for
-# the second one (the server comes back 4 s after the kill)
-@pytest.mark.slow
+# ~15 s by nature: the flush waits for the server, which is back 4 s after it went away
+@pytest.mark.slow(seconds=15)
 @pytest.mark.usefixtures("no_mlflow_http_retries")
-def test_server_back_after_last_step_within_flush_timeout(tmp_path: Path) -> None:
-    root = tmp_path / "server"
-    root.mkdir()
-    port = free_port()
-    server = start_mlflow_server(root, port)
+def test_server_back_after_last_step_within_flush_timeout(
+    tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    server = Outage(mlflow_server.url)
+    project = f"{EXP}-{uuid.uuid4().hex[:8]}"  # the server is shared: a project of its own
     try:
         # a down backend is probed every 200 s on its own, longer than the flush waits: the
         # flush succeeds only through its own frequent probes (checked by removing them)
-        tracer.init(base_config(tmp_path, server.url, backend="mlflow", replay_interval_s=200))
+        tracer.init(base_config(tmp_path, server.url, backend="mlflow", replay_interval_s=200,
+                                project_name=project))  # fmt: skip
         trace(50, step=0)
         assert tracer.flush(60)
-        server.stop(kill=True)
+        server.down()
         trace(100, step=1)  # the last step, traced while the server is down
-        restarted: list[Any] = []
-        t = threading.Thread(
-            target=lambda: (time.sleep(4), restarted.append(start_mlflow_server(root, port))))
+        t = threading.Thread(target=lambda: (time.sleep(4), server.up()))
         t.start()
         t0 = time.monotonic()
         assert tracer.flush(120), tracer.metrics()  # waits for the server, not 14 ms
         assert time.monotonic() - t0 > 3
         t.join()
-        server = restarted[0]
         reconciles("mlflow")
         keys = [(t.info.tags["step"], t.info.tags["sample_index"])
-                for t in search_traces(server.url, EXP)]  # fmt: skip
+                for t in search_traces(server.url, project)]  # fmt: skip
         assert len(keys) == 150 and len(set(keys)) == 150
     finally:
         tracer.reset()
-        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
+        server.down()
 
 
-@pytest.mark.slow
+# ~20 s by nature: two runs of the replay command (each imports MLflow)
+@pytest.mark.slow(seconds=20)
 @pytest.mark.usefixtures("no_mlflow_http_retries")
 def test_server_down_at_shutdown_prints_replay_command_that_stores_everything_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mlflow_server: MlflowServer
 ) -> None:
-    root = tmp_path / "server"
-    root.mkdir()
-    port = free_port()
-    server = start_mlflow_server(root, port)
+    server = Outage(mlflow_server.url)
+    project = f"{EXP}-{uuid.uuid4().hex[:8]}"  # the server is shared: a project of its own
     try:
-        tracer.init(base_config(tmp_path, server.url, backend="mlflow"))
+        tracer.init(base_config(tmp_path, server.url, backend="mlflow", project_name=project))
         trace(30, step=0)
         assert tracer.flush(60)
-        server.stop(kill=True)
+        server.down()
         trace(30, step=1)
         assert tracer.shutdown(2.0) is False
         [line] = [r.getMessage() for r in caplog.records if "rollout-tracer replay" in
@@ -508,20 +507,20 @@ def test_server_down_at_shutdown_prints_replay_command_that_stores_everything_on
         assert "30 trajectories for mlflow" in line
         command = line.split("Export them with: ", 1)[1].split()
         assert command[:2] == ["rollout-tracer", "replay"]
-        server = start_mlflow_server(root, port)
+        server.up()
         exe = Path(sys.executable).with_name("rollout-tracer")
         for _ in range(2):  # the second run finds nothing left: nothing stored twice
             out = subprocess.run([str(exe), *command[1:]], capture_output=True, text=True,
                                  timeout=300, cwd=tmp_path)  # fmt: skip
             assert out.returncode == 0, out.stdout + out.stderr
-        traces = search_traces(server.url, EXP)
+        traces = search_traces(server.url, project)
         keys = [(t.info.tags["step"], t.info.tags["sample_index"]) for t in traces]
         assert len(keys) == 60 and len(set(keys)) == 60
         rewards = [a for t in traces for a in t.info.assessments if a.name == "reward"]
         assert len(rewards) == 60  # one reward each, none added twice by the second replay
     finally:
         tracer.reset()
-        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
+        server.down()
 
 
 class _SlowlyDown(FlakyMlflow):

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tracer
-from tests._servers import MlflowServer, free_port, start_mlflow_server
+from tests._forward import Outage
+from tests._servers import MlflowServer
 from tests.conftest import search_traces
 from tracer.ids import derived_trace_id
 from tracer.readers.sources import iter_jsonl
@@ -219,18 +221,18 @@ def test_both_writers_keep_the_first_record_of_a_trace_id(
         assert stores["bulk"] == stores["log_spans"]
 
 
-def test_annotate_right_after_the_trajectory_waits_for_the_backend(tmp_path: Path) -> None:
+def test_annotate_right_after_the_trajectory_waits_for_the_backend(
+    tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
     """``annotate`` as the trajectory ends, the tracking server down for ~3 s: the annotation
     is pending (``flush`` says False), then applied once the server is back."""
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    root = tmp_path / "server"
-    root.mkdir()
-    port = free_port()
-    server = start_mlflow_server(root, port)
+    server = Outage(mlflow_server.url)  # the session's server, behind a port that goes away
+    project = f"{EXP}-{uuid.uuid4().hex[:8]}"  # the server is shared: a project of its own
     try:
-        tracer.init(backend="mlflow", tracking_uri=server.url, project_name=EXP,
+        tracer.init(backend="mlflow", tracking_uri=server.url, project_name=project,
                     experiment_name="run", run_salt=SALT, spool_dir=str(tmp_path / "spool"),
                     flush_interval_s=0.1, export_max_retries=0, replay_interval_s=0.3,
                     export_timeout_s=5, annotation_timeout_s=120,
@@ -245,7 +247,7 @@ def test_annotate_right_after_the_trajectory_waits_for_the_backend(tmp_path: Pat
             reward(0.5)
         assert tracer.annotate(step=2, sample_index=7, rollout_n=1, values={"advantage": 0.1})
         assert tracer.flush(60), tracer.metrics()
-        server.stop()
+        server.down()
         down = time.monotonic()
         with tracer.trace_attr(step=3, sample_index=7, rollout_n=1):
             reward(0.5)
@@ -255,20 +257,20 @@ def test_annotate_right_after_the_trajectory_waits_for_the_backend(tmp_path: Pat
         assert m["tracer/annotations/pending"] == 1, m
         time.sleep(max(0.0, 3 - (time.monotonic() - down)))
         assert tracer.flush(1) is False
-        server = start_mlflow_server(root, port)
+        server.up()
         assert tracer.flush(120), tracer.metrics()
         m = tracer.metrics()
         assert m["tracer/annotations/mlflow/applied"] == 2, m
         assert m["tracer/annotations/pending"] == 0, m
         assert not m.get("tracer/annotations/mlflow/annotation_lost")
         assert not m.get("tracer/annotations/mlflow/skipped")
-        [found] = search_traces(server.url, EXP, "tags.step = '3'")
+        [found] = search_traces(server.url, project, "tags.step = '3'")
         trace = MlflowClient(tracking_uri=server.url).get_trace(found.info.trace_id)
         assert trace.info.tags["advantage"] == "0.7"
         assert [s.name for s in trace.data.spans].count("annotation") == 1
     finally:
         tracer.reset()
-        server.stop(kill=True)  # the test is over: no graceful shutdown to wait for
+        server.down()
 
 
 def test_annotations_reach_the_latest_attempt_or_the_one_named(mlflow_uri: str) -> None:
