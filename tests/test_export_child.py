@@ -233,6 +233,41 @@ def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
     assert stored(mlflow_uri) == keys(0, 100)  # nothing lost, nothing twice
 
 
+def test_an_export_call_that_begins_after_the_shutdown_abort_starts_no_new_child(
+    tmp_path: Path, mlflow_uri: str, scripts: list[Script]
+) -> None:
+    """The race behind a CI failure (2026-12-04): shutdown's deadline passed while the worker
+    held a batch but had not yet called; ``abort`` killed the idle child, the worker's call
+    then started a new one and stored the batch after shutdown had given up on it. Here the
+    abort comes first on purpose, as the worker's next calls would meet it."""
+    script = Script(scripts, tmp_path, mlflow_uri, """
+        exporter = init(flush_interval_s=0.05)
+        trace(0, 50)
+        assert tracer.flush(60)
+        say(child=exporter.pid)
+        aborted = exporter.abort()
+        trace(50, 50)
+        flushed = tracer.flush(3)
+        say(aborted=aborted, flushed=flushed, starts=exporter.starts, ok=tracer.shutdown(5))
+    """)
+    child = script.wait_for("child")
+    err = script.finish()
+    assert script.proc.returncode == 0, err
+    assert script.said["aborted"] is True and script.said["flushed"] is False, err
+    assert script.said["starts"] == 1, err  # no child after the abort
+    assert script.said["ok"] is False
+    wait_gone(child)
+    assert "were not exported before shutdown; they are kept in" in err, err
+    assert "Traceback" not in err, err
+    assert stored(mlflow_uri) == keys(0, 50)
+    out = subprocess.run([sys.executable, "-m", "rollout.cli", "replay", "--spool-dir",
+                          str(tmp_path / "spool"), "--no-progress"], capture_output=True,
+                         text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert stored(mlflow_uri) == keys(0, 100)
+
+
 def test_fork_then_sigkill_of_the_parent_leaves_no_export_child(
     tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:

@@ -132,6 +132,9 @@ class SubprocessExporter(Exporter):
     def _send(self, message: tuple[str, list[Any], bool],
               batch: Sequence[TrajectoryRecord]) -> ExportResult:  # fmt: skip
         with self._lock:
+            if self._aborted:  # a call that began after shutdown's abort starts no new child
+                raise ExportProcessLost(f"the export process for {self.name} was stopped at "
+                                        "shutdown")  # fmt: skip
             if self._local is None and not self._running():
                 self._start_or_fall_back()
             if self._local is not None:
@@ -273,13 +276,15 @@ class SubprocessExporter(Exporter):
 
     def abort(self) -> bool:
         """Shutdown's deadline passed during an export call (another thread's): kill the child
-        so that the call ends; its batch stays in the spool."""
+        so that the call ends; its batch stays in the spool. No call starts another child
+        after this (the worker may be just about to call: it must not export after shutdown
+        said its batches wait in the spool)."""
+        self._aborted = True
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return False
         log.warning("rollout-tracer: the export process for %s (pid %d) did not answer before "
                     "the shutdown deadline; it was killed", self.name, proc.pid)  # fmt: skip
-        self._aborted = True
         proc.kill()
         return True
 
