@@ -36,8 +36,10 @@ def _section(text: str, heading: str) -> str:
     return text[start : nxt if nxt != -1 else len(text)]
 
 
-# e2e alone takes 60-100 s: its quick run still starts a PostgreSQL server, an mlflow server
-# and three spawned MLflow writers, the peers it is measured against
+# Each part takes 43-86 s in a full run on 2 quiet cores (up to 110 s with a busy loop on one
+# core; 2026-12-04): the benchmarks' own quick runs, real stores and the peers they are
+# measured against. e2e's quick run starts an mlflow server and one spawned MLflow writer (its
+# PostgreSQL leg runs only in the full benchmark); throughput generates with SmolLM2 on CPU.
 @pytest.mark.slow(seconds=70)
 @pytest.mark.parametrize("sections", list(PARTS))
 def test_quick_benchmarks_write_every_section(tmp_path: Path, sections: str) -> None:

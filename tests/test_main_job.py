@@ -34,7 +34,8 @@ def _spans(trace: Any, name: str | None = None, span_type: str | None = None) ->
     return [s for s in spans if (name is None or s.name == name)
             and (span_type is None or s.span_type == span_type)]  # fmt: skip
 
-# ~120 s alone on 2 quiet cores (~250 s in a full run), by nature: the default config as users
+# ~120 s alone on 2 quiet cores (206-251 s in a full run, 314 s with a busy loop on one core;
+# 2026-12-04), by nature: the default config as users
 # run it, SmolLM2 generating on CPU (8 training and 4 validation trajectories, structured
 # decoding), the trainer pass; `seconds` puts it first in the suite's order (conftest.py)
 @pytest.mark.slow(seconds=250)

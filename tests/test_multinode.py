@@ -43,9 +43,10 @@ def _reconcile(per_worker: list[dict[str, Any]]) -> dict[str, float]:
     return {k: sum(m[k] for m in per_worker) for k in keys}
 
 
-# Each of these takes 10-22 s on 2 quiet cores, ~10 s of it 2 actors starting (each imports
-# MLflow and loads a tokenizer): real Ray nodes, a PostgreSQL-backed server, scripted engines
-# that pace the steps so that the faults land mid-step (node loss: 4 s trajectories).
+# Each of these takes 10-22 s on 2 quiet cores (the first 34-41 s in a full run, 2026-12-04),
+# ~10 s of it 2 actors starting (each imports MLflow and loads a tokenizer): real Ray nodes, a
+# PostgreSQL-backed server, scripted engines that pace the steps so that the faults land
+# mid-step (node loss: 4 s trajectories).
 def test_multinode_run_stores_every_trajectory_once_tagged_with_its_node(
     ray_cluster: RayCluster, postgres_mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:

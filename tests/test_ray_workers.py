@@ -135,13 +135,14 @@ def test_two_ray_workers_trace_sampled_groups_into_one_server(
           "shutdown)")
 
 
-# ~25 s on 2 quiet cores: the driver loads its trainer and reference models, the actor its
-# engine, then real generation and the trainer pass. The model is tiny-qwen3 (2 random layers,
-# a real tokenizer): what this checks is the Ray path, the driver annotating the traces that a
-# worker stored; SmolLM2's own trainer pass is test_main_job's, and its bfloat16 forward
-# passes cost ~25 s more here on a CPU without bfloat16. The run joins the session's Ray
-# cluster (as `rollout-tracer run` does on a cluster node) rather than paying for a local
-# cluster of its own; its one worker fits on the head node, which no test takes down.
+# ~25 s on 2 quiet cores (32-50 s in a full run, 2026-12-04): the driver loads its trainer and
+# reference models, the actor its engine, then real generation and the trainer pass. The model
+# is tiny-qwen3 (2 random layers, a real tokenizer): what this checks is the Ray path, the
+# driver annotating the traces that a worker stored; SmolLM2's own trainer pass is
+# test_main_job's, and its bfloat16 forward passes cost ~25 s more here on a CPU without
+# bfloat16. The run joins the session's Ray cluster (as `rollout-tracer run` does on a cluster
+# node) rather than paying for a local cluster of its own; its one worker fits on the head
+# node, which no test takes down.
 @pytest.mark.slow
 def test_ray_run_driver_does_the_trainer_pass(
     tmp_path: Path, mlflow_uri: str, ray_cluster: RayCluster
