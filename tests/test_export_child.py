@@ -126,6 +126,15 @@ def stored(uri: str) -> list[tuple[str, str]]:
                   for t in search_traces(uri, "p"))  # fmt: skip
 
 
+def replay(tmp: Path) -> None:
+    """``rollout-tracer replay`` on the script's spool, as the shutdown line says to run it."""
+    out = subprocess.run([sys.executable, "-m", "rollout.cli", "replay", "--spool-dir",
+                          str(tmp / "spool"), "--no-progress"], capture_output=True, text=True,
+                         cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
 def keys(step: int, n: int) -> list[tuple[str, str]]:
     return sorted((str(step), str(i)) for i in range(n))
 
@@ -225,11 +234,7 @@ def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
     assert "were not exported before shutdown; they are kept in" in err
     assert "Traceback" not in err, err
     assert stored(mlflow_uri) == keys(0, 50)
-    out = subprocess.run([sys.executable, "-m", "rollout.cli", "replay", "--spool-dir",
-                          str(tmp_path / "spool"), "--no-progress"], capture_output=True,
-                         text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         timeout=120)  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    replay(tmp_path)
     assert stored(mlflow_uri) == keys(0, 100)  # nothing lost, nothing twice
 
 
@@ -260,11 +265,7 @@ def test_an_export_call_that_begins_after_the_shutdown_abort_starts_no_new_child
     assert "were not exported before shutdown; they are kept in" in err, err
     assert "Traceback" not in err, err
     assert stored(mlflow_uri) == keys(0, 50)
-    out = subprocess.run([sys.executable, "-m", "rollout.cli", "replay", "--spool-dir",
-                          str(tmp_path / "spool"), "--no-progress"], capture_output=True,
-                         text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         timeout=120)  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    replay(tmp_path)
     assert stored(mlflow_uri) == keys(0, 100)
 
 
