@@ -364,15 +364,16 @@ class ExportWorker:
         if lines is None:  # a backend that reads the records: decoded now, not while waiting
             for record in records:
                 record.materialize()
+        with self.cond:
+            if self.stopping:  # shutdown came while the batch was read: it stays in the spool,
+                # untouched (no call was made)
+                self.inflight_since = 0.0
+                return False
         replay = batch.attempted or not batch.own
         batch.attempted = True
         retried = self.down or (replay and not batch.first_try)
         retries = 0 if retried else self.config.export_max_retries
         batch.first_try = False
-        with self.cond:
-            if self.stopping:  # shutdown came while the batch was read: it stays in the spool
-                self.inflight_since = 0.0
-                return False
         with self._calling:
             result = self._export(records, lines, retries, replay)
         if result is not ExportResult.FAILURE:
