@@ -570,3 +570,54 @@ def test_shutdown_with_the_backend_down_leaves_no_export_call_running(
     assert not left, "an export worker still runs after shutdown"
     assert "stuck in an export call" not in caplog.text
     assert len(list(spool.rglob("*.jsonl"))) >= 1  # the batches wait in the spool
+
+
+PROBES: list[float] = []  # when each call of the "slowdown_seen" backend began (monotonic)
+
+
+class _SlowlyDownSeen(_SlowlyDown):
+    name = "slowdown_seen"
+
+    def export(self, batch: Any, *, replay: bool = False) -> ExportResult:
+        PROBES.append(time.monotonic())
+        return super().export(batch, replay=replay)
+
+
+class _SlowToShutDown(MlflowExporter):
+    """The real MLflow exporter whose shutdown takes 1.5 s (an OTel exporter flushing its own
+    queue does): the next backend's worker is stopped that much later."""
+
+    name = "slowshut"
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        time.sleep(1.5)
+        super().shutdown(timeout_s)
+
+
+register_backend("slowdown_seen", _SlowlyDownSeen)
+register_backend("slowshut", _SlowToShutDown)
+
+
+def test_no_probe_starts_between_the_shutdown_flush_and_the_worker_stop(
+    tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CI, 2026-12-04: the flush started no probe it could not finish, but it ended at its
+    deadline and the workers were stopped after it; a probe due in that gap began, outlived
+    shutdown() and exported behind the spool's back. Here another backend's 1.5 s shutdown
+    widens the gap (replays due every 1 s): shutdown's deadline binds until the worker stops."""
+    PROBES.clear()
+    spool = tmp_path / "spool"
+    tracer.init(backend="slowshut,slowdown_seen", tracking_uri=mlflow_uri, project_name=EXP,
+                spool_dir=str(spool), export_max_retries=0, shutdown_timeout_s=2,
+                flush_interval_s=0.05, replay_interval_s=1.0)  # fmt: skip
+    trace(3, step=0)
+    wait_for(lambda: tracer.metrics().get("tracer/slowdown_seen/down") == 1,
+             "the backend to be down")  # fmt: skip
+    began = time.monotonic()
+    tracer.reset()
+    late = [round(t - began, 2) for t in PROBES if t >= began]
+    assert not late, f"probes began {late} s into shutdown (each takes 3 s, the budget is 2 s)"
+    left = [t.name for t in threading.enumerate() if t.name == "rollout-tracer-slowdown_seen"]
+    assert not left, "an export worker still runs after shutdown"
+    assert "stuck in an export call" not in caplog.text
+    assert len(list(spool.rglob("*.jsonl"))) >= 1

@@ -128,6 +128,7 @@ class ExportWorker:
         self.down = False
         self.next_probe = 0.0
         self.flush_until = 0.0  # while a flush waits, probe a down backend more often
+        self.close_at = 0.0  # shutdown's deadline once it began: no probe may outlast it
         self.next_respool = 0.0  # when memory-only batches are next offered to the spool
         self.refused_because = "spool_error_at_shutdown"  # the spool's last refusal, as a reason
         self.inflight_since = 0.0  # monotonic start of the export call in progress, or 0
@@ -334,10 +335,13 @@ class ExportWorker:
                     if self.flush_until > now:
                         probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
                         if now + self.failed_call_s > self.flush_until:
-                            # a probe now could outlast the flush; at shutdown the worker
-                            # would be left inside it, still exporting after shutdown()
-                            # returned and said the batches wait in the spool
+                            # a probe now could outlast the flush; a shutdown may follow it
                             probe_at = max(probe_at, self.flush_until + 1.0)
+                    if self.close_at and now + self.failed_call_s > self.close_at:
+                        # shutdown began: a probe that cannot end by its deadline would be
+                        # left running, exporting after shutdown() said the batches wait in
+                        # the spool; also after the flush ended, until stop() comes
+                        probe_at = float("inf")
                     if now >= probe_at:
                         break
                     self.cond.wait(min(probe_at - now, self.config.replay_interval_s,
@@ -472,6 +476,13 @@ class ExportWorker:
                     return False
                 self.cond.wait(min(left, 0.1))
             return True
+
+    def closing(self, deadline: float) -> None:
+        """Shutdown began and must end by ``deadline`` (monotonic): from now on no probe of a
+        down backend starts that could not end by then (the last failed probe's length)."""
+        with self.cond:
+            self.close_at = deadline
+            self.cond.notify_all()
 
     def _dead(self) -> bool:
         return self.thread is not None and not self.thread.is_alive()

@@ -451,6 +451,8 @@ class Pipeline:
     def shutdown(self, timeout_s: float = 30.0) -> bool:
         """Flush within ``timeout_s``, stop the threads, and say where anything left is."""
         deadline = time.monotonic() + timeout_s
+        for w in self.workers:
+            w.closing(deadline)
         try:
             ok = self.flush(timeout_s)
         finally:
