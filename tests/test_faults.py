@@ -598,6 +598,23 @@ register_backend("slowdown_seen", _SlowlyDownSeen)
 register_backend("slowshut", _SlowToShutDown)
 
 
+CALLS: list[float] = []  # when each call of the "slowok" backend began (monotonic)
+
+
+class _SlowButUp(MlflowExporter):
+    """The real MLflow exporter, each call 1 s slower (a loaded server): batches queue."""
+
+    name = "slowok"
+
+    def export(self, batch: Any, *, replay: bool = False) -> ExportResult:
+        CALLS.append(time.monotonic())
+        time.sleep(1.0)
+        return super().export(batch, replay=replay)
+
+
+register_backend("slowok", _SlowButUp)
+
+
 def test_no_probe_starts_between_the_shutdown_flush_and_the_worker_stop(
     tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -621,3 +638,26 @@ def test_no_probe_starts_between_the_shutdown_flush_and_the_worker_stop(
     assert not left, "an export worker still runs after shutdown"
     assert "stuck in an export call" not in caplog.text
     assert len(list(spool.rglob("*.jsonl"))) >= 1
+
+
+def test_no_export_call_starts_after_the_shutdown_deadline(
+    tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backend that is up but slow has batches queued when shutdown's 2 s pass; shutdown
+    then says they wait in the spool. A call begun after that (here while another backend
+    shuts down for 1.5 s) stored them behind its back, or was left running. None begins."""
+    CALLS.clear()
+    spool = tmp_path / "spool"
+    tracer.init(backend="slowshut,slowok", tracking_uri=mlflow_uri, project_name=EXP,
+                spool_dir=str(spool), export_batch_size=1, shutdown_timeout_s=2,
+                flush_interval_s=0.05)  # fmt: skip
+    trace(8, step=0)
+    wait_for(lambda: CALLS, "the first export call")
+    began = time.monotonic()
+    tracer.reset()
+    late = [round(t - began, 2) for t in CALLS if t > began + 2.2]
+    assert not late, f"export calls began {late} s into a shutdown of 2 s"
+    assert "stuck in an export call" not in caplog.text
+    assert "were not exported before shutdown; they are kept in" in caplog.text
+    spooled = sum(len(f.read_text().splitlines()) for f in spool.rglob("*.jsonl"))
+    assert spooled >= 8 - len(CALLS)  # nothing lost: the rest waits in the spool

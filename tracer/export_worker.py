@@ -328,6 +328,11 @@ class ExportWorker:
                 if any(b.path is None and b.lines is not None for b in self.todo) and (
                         self.spool is not None and now >= self.next_respool):  # fmt: skip
                     return True  # time to offer the spool the batches it refused
+                if self.close_at and now >= self.close_at:
+                    # shutdown's deadline passed: it says where each batch is; a call begun
+                    # now would go on behind its back. Wait for stop().
+                    self.cond.wait(RESPOOL_INTERVAL_S)
+                    continue
                 if self.todo:
                     if not self.down:
                         break
@@ -369,10 +374,11 @@ class ExportWorker:
             for record in records:
                 record.materialize()
         with self.cond:
-            if self.stopping:  # shutdown came while the batch was read: it stays in the spool,
-                # untouched (no call was made)
+            if self.stopping or (self.close_at and time.monotonic() >= self.close_at):
+                # shutdown came (or its deadline passed) while the batch was read: it stays
+                # where it is, untouched (no call was made)
                 self.inflight_since = 0.0
-                return False
+                return not self.stopping
         replay = batch.attempted or not batch.own
         batch.attempted = True
         retried = self.down or (replay and not batch.first_try)
