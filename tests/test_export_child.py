@@ -238,6 +238,8 @@ def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
     assert stored(mlflow_uri) == keys(0, 100)  # nothing lost, nothing twice
 
 
+# 10-29 s (29 s on CI in a full run, 2026-12-04): three processes import MLflow in turn (the
+# script, its export child, the replay), and the flush after the abort waits out its 3 s.
 def test_an_export_call_that_begins_after_the_shutdown_abort_starts_no_new_child(
     tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:
