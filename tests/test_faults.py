@@ -661,3 +661,47 @@ def test_no_export_call_starts_after_the_shutdown_deadline(
     assert "were not exported before shutdown; they are kept in" in caplog.text
     spooled = sum(len(f.read_text().splitlines()) for f in spool.rglob("*.jsonl"))
     assert spooled >= 8 - len(CALLS)  # nothing lost: the rest waits in the spool
+
+
+def test_trajectories_still_being_processed_at_shutdown_are_said_then_spooled(
+    tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user's redact callback (or a hung disk under the spool) holds the processing thread
+    past shutdown's deadline. The trajectories it holds were in neither the buffer nor a
+    backend: shutdown said nothing of them, and when the thread let go they went to a worker
+    that had stopped (lost at exit, counted nowhere). Now shutdown says how many, and when
+    the thread lets go they go to the spool with a line that says how to replay them."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_redact(text: str) -> str:
+        entered.set()
+        release.wait(60)
+        return text
+
+    # one batch of 5: the thread wakes when the fifth arrives, not before (flush_interval_s)
+    tracer.init(base_config(tmp_path, mlflow_uri, shutdown_timeout_s=1, export_batch_size=5,
+                            flush_interval_s=30, redact_callback=slow_redact))  # fmt: skip
+    pipeline = tracer.get_tracer().pipeline
+    trace(5, step=0)
+    wait_for(entered.is_set, "the processing thread to enter the redact callback")
+    tracer.reset()
+    said = [r.getMessage() for r in caplog.records if "still being processed" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("rollout-tracer: 5 trajectories"), said
+    release.set()
+    assert pipeline.processor is not None
+    pipeline.processor.join(30)
+    assert not pipeline.processor.is_alive()
+    m = pipeline.metrics()
+    assert m["tracer/flaky/pending"] == 5 and m["tracer/flaky/dropped"] == 0, m
+    [line] = [r.getMessage() for r in caplog.records if "after shutdown" in r.getMessage()]
+    assert line.startswith("rollout-tracer: 5 trajectories for flaky were processed"), line
+    command = line.split("Export them with: ", 1)[1].split()
+    assert stored_keys(mlflow_uri) == []
+    assert command[2:] == ["--spool-dir", str(tmp_path / "spool")], command
+    tracer.init(base_config(tmp_path, mlflow_uri))  # a later run finds them (or the command)
+    try:
+        trace(1, step=1)
+        assert tracer.flush(60)
+        wait_for(lambda: len(stored_keys(mlflow_uri)) == 6, "the 5 to be replayed, and 1 new")
+    finally:
+        tracer.reset()

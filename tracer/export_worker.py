@@ -136,6 +136,7 @@ class ExportWorker:
         self.failed_call_s = 0.0  # the longest failed probe of this outage
         self.thread: threading.Thread | None = None
         self.stopping = False
+        self.abandoned = False  # shutdown reported what is left: a late batch goes to the spool
         # a spool may hold batches of dead processes: look at once, then every 30 s
         self.next_orphan_scan = 0.0 if spool is not None else float("inf")
         # counters
@@ -170,6 +171,9 @@ class ExportWorker:
         backend that ``writes_ahead``, at once when nothing waits before it (only a batch it
         refuses is spooled and queued). ``born_ns``: when its oldest trajectory finished (the
         durability lag's clock)."""
+        if self.abandoned:
+            self._put_late(seq, records, lines, nbytes, born_ns)
+            return
         first_try = False
         if self.writes_ahead and lines:
             stored = self._write_ahead(records, lines)
@@ -196,24 +200,53 @@ class ExportWorker:
                         "[%d spool errors]", self.name, exc, n)  # fmt: skip
         n = len(records)
         with self.cond:
-            batch = _Batch(seq, records, path, n, nbytes, born_ns)
-            batch.attempted = batch.first_try = first_try  # it may be stored in part
-            if not self._room(n, nbytes):
-                self._spill(n, nbytes)
-            if self._room(n, nbytes):
-                self.held += n
-                self.held_bytes += nbytes
-                # a batch only memory holds keeps its lines: the spool is offered them again
-                batch.lines = lines if self.wants_lines or path is None else None
-            elif path is not None:
-                batch.records = None  # memory stays bounded: the spool file has it
-            else:
-                self._drop(batch, reason if self.spool is not None else "buffer_full")
-                return
-            bisect.insort(self.todo, batch, key=lambda b: b.key)
-            self.cond.notify_all()
+            late = self.abandoned  # shutdown reported what was left while this was written
+            if not late:
+                batch = _Batch(seq, records, path, n, nbytes, born_ns)
+                batch.attempted = batch.first_try = first_try  # it may be stored in part
+                if not self._room(n, nbytes):
+                    self._spill(n, nbytes)
+                if self._room(n, nbytes):
+                    self.held += n
+                    self.held_bytes += nbytes
+                    # a batch only memory holds keeps its lines: the spool is offered them again
+                    batch.lines = lines if self.wants_lines or path is None else None
+                elif path is not None:
+                    batch.records = None  # memory stays bounded: the spool file has it
+                else:
+                    self._drop(batch, reason if self.spool is not None else "buffer_full")
+                    return
+                bisect.insort(self.todo, batch, key=lambda b: b.key)
+                self.cond.notify_all()
+        if late:
+            self._put_late(seq, records, lines, nbytes, born_ns, path, tried=True)
+            return
         if path is not None:
             self.respool()  # the disk takes batches again: the older memory-only ones too
+
+    def _put_late(self, seq: int, records: list[TrajectoryRecord], lines: list[bytes] | None,
+                  nbytes: int, born_ns: int, path: Path | None = None,
+                  tried: bool = False) -> None:  # fmt: skip
+        """A batch handed on after shutdown reported what was left (the processing thread was
+        held past its deadline): to the spool, for a later replay, with a line that says so;
+        counted lost when the spool cannot take it. Never exported from here. ``tried``: the
+        spool was offered it already (``path``, None when it refused)."""
+        if not tried and self.spool is not None and lines:
+            try:
+                path = self.spool.write(lines)
+            except SpoolError:
+                path = None
+        with self.cond:
+            batch = _Batch(seq, None, path, len(records), nbytes, born_ns)
+            if path is None:
+                self._drop(batch, "unexported_at_exit")
+                return
+            bisect.insort(self.todo, batch, key=lambda b: b.key)  # pending, on disk
+        assert self.spool is not None
+        log.error(
+            "rollout-tracer: %d trajectories for %s were processed after shutdown; they are "
+            "kept in %s. Export them with: rollout-tracer replay --spool-dir %s",
+            batch.n, self.name, self.spool.dir, self.spool.dir.parent)  # fmt: skip
 
     def respool(self, *, final: bool = False) -> int:
         """Offer the spool the batches it refused earlier (disk full, read-only), oldest first,
@@ -514,6 +547,7 @@ class ExportWorker:
         if self.spool is not None and self.respool(final=True):
             reason = self.refused_because
         with self.cond:
+            self.abandoned = True
             on_disk = lost = 0
             for b in list(self.todo):
                 if b.path is not None and b.path.exists():

@@ -467,6 +467,15 @@ class Pipeline:
                 self.buffered_bytes -= traj.nbytes
                 self._drop_before_workers(1, "unexported_at_exit")
                 ok = False
+            # taken but not handed on yet (a slow redact callback, a hung disk): counted
+            # where they end if they ever do (a backend that shut down drops them), said here
+            busy = sum(n for _, n, _ in self.in_process.values())
+        if busy:
+            ok = False
+            then = ("the spool takes them if they are done before the process exits"
+                    if any(w.spool is not None for w in self.workers) else "they are lost")
+            self._say(f"rollout-tracer: {busy} trajectories were still being processed when "
+                      f"shutdown's {timeout_s:g} s ran out; they are not exported ({then})")
         for w in self.workers:
             stopped = w.stop(deadline)
             if not stopped and w.exporter.abort():  # e.g. a hung export process: killed
@@ -501,7 +510,10 @@ class Pipeline:
             )
         if lost:
             parts.append(f"{lost} trajectories for {w.name} were only in memory and are lost")
-        line = "rollout-tracer: " + "; ".join(parts)
+        self._say("rollout-tracer: " + "; ".join(parts))
+
+    @staticmethod
+    def _say(line: str) -> None:
         if log.hasHandlers():
             log.error("%s", line)
         else:  # one line on stderr, also at interpreter exit
