@@ -128,7 +128,7 @@ class ExportWorker:
         self.down = False
         self.next_probe = 0.0
         self.flush_until = 0.0  # while a flush waits, probe a down backend more often
-        self.close_at = 0.0  # shutdown's deadline once it began: no probe may outlast it
+        self.close_at = 0.0  # shutdown's deadline once it began: no export call outlasts it
         self.next_respool = 0.0  # when memory-only batches are next offered to the spool
         self.refused_because = "spool_error_at_shutdown"  # the spool's last refusal, as a reason
         self.inflight_since = 0.0  # monotonic start of the export call in progress, or 0
@@ -518,7 +518,8 @@ class ExportWorker:
 
     def closing(self, deadline: float) -> None:
         """Shutdown began and must end by ``deadline`` (monotonic): from now on no probe of a
-        down backend starts that could not end by then (the last failed probe's length)."""
+        down backend starts that could not end by then (the last failed probe's length), and
+        after it no export call starts at all."""
         with self.cond:
             self.close_at = deadline
             self.cond.notify_all()

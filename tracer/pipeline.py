@@ -467,8 +467,8 @@ class Pipeline:
                 self.buffered_bytes -= traj.nbytes
                 self._drop_before_workers(1, "unexported_at_exit")
                 ok = False
-            # taken but not handed on yet (a slow redact callback, a hung disk): counted
-            # where they end if they ever do (a backend that shut down drops them), said here
+            # taken but not handed on yet (a slow redact callback, a hung disk): said here;
+            # handed on later, each backend spools them with a line (ExportWorker._put_late)
             busy = sum(n for _, n, _ in self.in_process.values())
         if busy:
             ok = False
