@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 
 log = logging.getLogger("tracer")
@@ -54,6 +55,15 @@ class InternalErrors:
             kept, self._kept = self._kept, []
         if kept:
             raise kept[0]
+
+
+def say_at_shutdown(line: str) -> None:
+    """One error line about what shutdown left behind: through logging when the user set it
+    up, else on stderr (also at interpreter exit)."""
+    if log.hasHandlers():
+        log.error("%s", line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def log_every(counter: int) -> bool:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
-from tracer.errors import InternalErrors, log_every
+from tracer.errors import InternalErrors, log_every, say_at_shutdown
 from tracer.outage import OutageLog
 from tracer.record import TrajectoryRecord
 from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
@@ -243,10 +243,10 @@ class ExportWorker:
                 return
             bisect.insort(self.todo, batch, key=lambda b: b.key)  # pending, on disk
         assert self.spool is not None
-        log.error(
-            "rollout-tracer: %d trajectories for %s were processed after shutdown; they are "
-            "kept in %s. Export them with: rollout-tracer replay --spool-dir %s",
-            batch.n, self.name, self.spool.dir, self.spool.dir.parent)  # fmt: skip
+        say_at_shutdown(
+            f"rollout-tracer: {batch.n} trajectories for {self.name} were processed after "
+            f"shutdown; they are kept in {self.spool.dir}. Export them with: rollout-tracer "
+            f"replay --spool-dir {self.spool.dir.parent}")  # fmt: skip
 
     def respool(self, *, final: bool = False) -> int:
         """Offer the spool the batches it refused earlier (disk full, read-only), oldest first,

@@ -23,7 +23,6 @@ import collections
 import itertools
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracer.backends.base import Exporter, as_exporter
 from tracer.encode import encode_record
-from tracer.errors import InternalErrors, log_every
+from tracer.errors import InternalErrors, log_every, say_at_shutdown
 from tracer.export_worker import ExportWorker
 from tracer.keep import KeepRules
 from tracer.record import TrajectoryRecord
@@ -474,8 +473,9 @@ class Pipeline:
             ok = False
             then = ("the spool takes them if they are done before the process exits"
                     if any(w.spool is not None for w in self.workers) else "they are lost")
-            self._say(f"rollout-tracer: {busy} trajectories were still being processed when "
-                      f"shutdown's {timeout_s:g} s ran out; they are not exported ({then})")
+            say_at_shutdown(f"rollout-tracer: {busy} trajectories were still being processed "
+                            f"when shutdown's {timeout_s:g} s ran out; they are not exported "
+                            f"({then})")  # fmt: skip
         for w in self.workers:
             stopped = w.stop(deadline)
             if not stopped and w.exporter.abort():  # e.g. a hung export process: killed
@@ -510,14 +510,7 @@ class Pipeline:
             )
         if lost:
             parts.append(f"{lost} trajectories for {w.name} were only in memory and are lost")
-        self._say("rollout-tracer: " + "; ".join(parts))
-
-    @staticmethod
-    def _say(line: str) -> None:
-        if log.hasHandlers():
-            log.error("%s", line)
-        else:  # one line on stderr, also at interpreter exit
-            print(line, file=sys.stderr, flush=True)
+        say_at_shutdown("rollout-tracer: " + "; ".join(parts))
 
     def _durability_lag_s(self) -> float:
         """Age of the oldest finished trajectory that is on neither the spool's disk nor a
