@@ -158,7 +158,9 @@ def explorer_tab(data: str, cache: str, steps: int, lines: list[str]) -> None:
     import json
     import random
 
-    from benchmarks.explore import _get, _p, start
+    from benchmarks.explorer_http import get as _get
+    from benchmarks.explorer_http import percentile as _p
+    from benchmarks.explorer_http import start
 
     rng = random.Random(3)
     t0 = time.perf_counter()

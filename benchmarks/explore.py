@@ -14,33 +14,20 @@ Prints a Markdown section for benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.explorer_http import get as _get
+from benchmarks.explorer_http import percentile as _p
+from benchmarks.explorer_http import start
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _get(base: str, path: str, params: list[tuple[str, Any]] | None = None) -> tuple[float, Any]:
-    url = base + path + ("?" + urllib.parse.urlencode(params) if params else "")
-    t0 = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=600) as r:
-        body = json.loads(r.read())
-    return time.perf_counter() - t0, body
-
-
-def _p(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:
@@ -50,25 +37,6 @@ def _rss_mb(pid: int) -> tuple[float, float]:
             k, _, v = line.partition(":")
             fields[k] = v.strip()
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-
-
-def start(args: list[str]) -> tuple[subprocess.Popen[str], str, float]:
-    """Start ``rollout-tracer explore``; return it, its base URL and seconds until /api/list
-    answered."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "rollout.cli", "explore", "--port", "0",
-                             "--no-progress", *args], stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT)  # fmt: skip
-    assert proc.stdout is not None
-    seen = []
-    while "http://" not in (line := proc.stdout.readline()):
-        seen.append(line)
-        if not line:
-            proc.kill()
-            raise RuntimeError("explore did not start: " + "".join(seen))
-    base = "http://" + line.split("http://", 1)[1].split("/", 1)[0] + "/"
-    _get(base, "api/list", [("size", 50)])
-    return proc, base, time.perf_counter() - t0
 
 
 def list_queries(rng: random.Random, steps: int) -> list[list[tuple[str, Any]]]:
