@@ -64,7 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:  # configuration errors: a clear message and exit code 2, no traceback
         config = load_config(args.overrides, args.config)
         check_mode(str((config.get("reward") or {}).get("mode", "strict")))
-        trace = trace_config(config)
+        from tracer.config_sources import merged_options
+
+        trace = merged_options(trace_config(config))  # + $ROLLOUT_TRACER_CONFIG, _<FIELD>
         backends = trace.get("backend")
         names = backends if isinstance(backends, list) else [backends] if backends else []
         if "mlflow" in names:

@@ -15,7 +15,8 @@ from tracer import current
 from tracer.attempts import AttemptCounter, identity_key
 from tracer.backends import check_backends, create_exporter
 from tracer.backends.base import Exporter, as_exporter
-from tracer.config import ConfigError, TraceConfig, resolve_export_in_subprocess
+from tracer.config import ConfigError, TraceConfig
+from tracer.config_sources import resolve_config, resolve_export_in_subprocess
 from tracer.sampling import Sampler
 
 log = logging.getLogger("tracer")
@@ -251,15 +252,17 @@ def get_tracer() -> Tracer:
 
 def init(config: TraceConfig | Mapping[str, Any] | None = None, **overrides: Any) -> Tracer:
     """Configure tracing for this process and make it the default. Replaces (and flushes) any
-    previous tracer. Raises ``ConfigError`` for bad values and ``TracerInitError`` when a
-    backend cannot start.
+    previous tracer. Options the code leaves unsaid come from ``$ROLLOUT_TRACER_CONFIG`` and
+    ``ROLLOUT_TRACER_<FIELD>`` variables (:func:`tracer.config_sources.resolve_config`).
+    Raises ``ConfigError`` for bad values (a misspelt ``ROLLOUT_TRACER_`` variable too) and
+    ``TracerInitError`` when a backend cannot start.
 
     Example::
 
         tracer.init({"backend": "mlflow", "project_name": "gsm8k", "token2text": True})
     """
     global _atexit_registered
-    new = Tracer(config if config is not None else {}, **overrides).start()
+    new = Tracer(resolve_config(config, overrides)).start()
     with _lock:
         old, current.tracer = current.tracer, new
         if not _atexit_registered:

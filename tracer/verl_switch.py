@@ -13,7 +13,8 @@ What verl then gets (:func:`build_module`) has verl's three names, ``RolloutTrac
 
 - verl's own ``RolloutTraceConfig.init`` call (its ``rollout.trace`` section) starts tracing;
   the options verl has no name for come from ``ROLLOUT_TRACER_*`` variables or the file
-  ``$ROLLOUT_TRACER_CONFIG`` (:func:`tracer.config.options_from_env`). Without a tracking URI
+  ``$ROLLOUT_TRACER_CONFIG``, read as ``tracer.init`` reads them everywhere
+  (:mod:`tracer.config_sources`). Without a tracking URI
   anywhere the MLflow store is verl's default, ``sqlite:////tmp/mlruns.db``.
 - Init logs ``rollout-tracer active for verl (...)``; every trace has ``tracer=rollout-tracer``.
 - A tracer must never stop a job: when rollout-tracer cannot be imported, verl's module is
@@ -199,7 +200,7 @@ def build_module() -> dict[str, Any]:
 def switch_options(environ: Mapping[str, str]) -> dict[str, Any]:
     """rollout-tracer's own options for verl's processes: ``ROLLOUT_TRACER_*`` and
     ``$ROLLOUT_TRACER_CONFIG``; the MLflow store defaults to verl's."""
-    from tracer.config import options_from_env
+    from tracer.config_sources import options_from_env
 
     options = options_from_env(environ)
     if options.get("tracking_uri") is None and not environ.get("MLFLOW_TRACKING_URI"):
