@@ -109,7 +109,7 @@ def api_names() -> list[str]:
 
 
 def api_block(name: str) -> Callable[[], str]:
-    return lambda: f"```python\n{signature_of(name)}\n```"
+    return lambda: f"```text\n{signature_of(name)}\n```"
 
 
 def blocks() -> dict[str, tuple[Path, Callable[[], str]]]:

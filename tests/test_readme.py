@@ -93,12 +93,25 @@ def check_read_tables(ns: dict[str, Any], printed: str) -> None:
     assert sorted(t.trajectories["reward"]) == [0.0, 1.0]
 
 
+def check_api_step(ns: dict[str, Any], printed: str) -> None:
+    assert printed.splitlines() == [
+        "4 stored",  # sample 0 by head sampling, sample 1's group by the tool_errors rule
+        "[(0, 0, 1.0), (0, 1, 1.0), (1, 0, 1.0), (1, 1, 0.0)]",
+    ]
+
+
+def check_api_inside(ns: dict[str, Any], printed: str) -> None:
+    assert printed.splitlines() == ["None", "['query'] True"]
+
+
 # (page, heading above the block) -> (set-up or None, what it must have done).
 # A new block needs its entry here.
 SNIPPETS: dict[tuple[str, str], tuple[Callable[[], None] | None, Callable[..., None]]] = {
     ("README.md", "Your own rollout, in 16 lines"): (None, check_sixteen_lines),
     ("docs/tracing.md", "An agent loop, traced"): (None, check_agent_loop),
     ("docs/export-schema.md", "Export schema (version 1)"): (store_gsm8k_step_3, check_read_tables),
+    ("docs/api.md", "A traced step, read back"): (None, check_api_step),
+    ("docs/api.md", "Inside an op"): (None, check_api_inside),
 }
 
 

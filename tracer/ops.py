@@ -36,6 +36,8 @@ _current: ContextVar[_Frame] = ContextVar("rollout_tracer_frame", default=OUTSID
 
 
 def current_trajectory() -> Trajectory | None:
+    """The trajectory open in this context (``trace_id``, ``step``, ``sample_index``, ...), or
+    None outside ``trace_attr`` and when tracing is off. Read it; the tracer owns its fields."""
     traj: Trajectory | None = _current.get()[0]
     return traj
 
