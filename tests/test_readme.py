@@ -104,6 +104,17 @@ def check_api_inside(ns: dict[str, Any], printed: str) -> None:
     assert printed.splitlines() == ["None", "['query'] True"]
 
 
+def check_removed_key(ns: dict[str, Any], printed: str) -> None:
+    assert "'background_yield_s' was removed" in printed and "delete the key" in printed
+
+
+def check_misspelt_variable(ns: dict[str, Any], printed: str) -> None:
+    assert printed.strip() == (
+        "unknown variable ROLLOUT_TRACER_SPOL_DIR (did you mean `ROLLOUT_TRACER_SPOOL_DIR`?)"
+    )
+    assert tracer.get_tracer().config.backend == []  # init failed: nothing was started
+
+
 # (page, heading above the block) -> (set-up or None, what it must have done).
 # A new block needs its entry here.
 SNIPPETS: dict[tuple[str, str], tuple[Callable[[], None] | None, Callable[..., None]]] = {
@@ -112,6 +123,8 @@ SNIPPETS: dict[tuple[str, str], tuple[Callable[[], None] | None, Callable[..., N
     ("docs/export-schema.md", "Export schema (version 1)"): (store_gsm8k_step_3, check_read_tables),
     ("docs/api.md", "A traced step, read back"): (None, check_api_step),
     ("docs/api.md", "Inside an op"): (None, check_api_inside),
+    ("docs/upgrading.md", "Removed configuration keys"): (None, check_removed_key),
+    ("docs/troubleshooting.md", "A misspelt variable"): (None, check_misspelt_variable),
 }
 
 
