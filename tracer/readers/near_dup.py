@@ -1,0 +1,48 @@
+"""The same answer to different prompts, found with MinHash over word shingles (``datasketch``):
+independent evidence that a reward was not earned where a run has no correctness signal.
+
+    from tracer.readers.near_dup import repeated_share
+    repeated_share([("2+2?", "I am confident it is right."), ("3*7?", "I am confident it is right!")])
+    # 1.0
+
+Two answers are near-duplicates when the Jaccard similarity of their sets of word 3-shingles
+(lower-cased, numbers kept: the same words with another number are another answer) is about
+:data:`THRESHOLD` or more, as MinHash LSH estimates it with :data:`NUM_PERM` permutations. An
+answer counts as *repeated* when a near-duplicate of it was given to another prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+THRESHOLD = 0.8
+NUM_PERM = 64
+SHINGLE = 3
+
+
+def _shingles(text: str) -> set[bytes]:
+    words = text.lower().split()
+    if len(words) < SHINGLE:
+        return {" ".join(words).encode()}
+    return {" ".join(words[i : i + SHINGLE]).encode() for i in range(len(words) - SHINGLE + 1)}
+
+
+def repeated_share(answers: Sequence[tuple[Any, str | None]]) -> float:
+    """The share of ``answers`` ((prompt, text) pairs) with a near-duplicate given to another
+    prompt (0.0 for fewer than two prompts)."""
+    from datasketch import MinHash, MinHashLSH
+
+    pairs = [(p, t) for p, t in answers if t]
+    if len({p for p, _ in pairs}) < 2:
+        return 0.0
+    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
+    hashes = []
+    for i, (_, text) in enumerate(pairs):
+        m = MinHash(num_perm=NUM_PERM, seed=1)
+        m.update_batch(list(_shingles(text)))
+        lsh.insert(i, m)
+        hashes.append(m)
+    repeated = sum(any(pairs[j][0] != prompt for j in lsh.query(m))
+                   for (prompt, _), m in zip(pairs, hashes, strict=True))  # fmt: skip
+    return repeated / len(pairs)
