@@ -6,19 +6,28 @@ independent evidence that a reward was not earned where a run has no correctness
     # 1.0
 
 Two answers are near-duplicates when the Jaccard similarity of their sets of word 3-shingles
-(lower-cased, numbers kept: the same words with another number are another answer) is about
-:data:`THRESHOLD` or more, as MinHash LSH estimates it with :data:`NUM_PERM` permutations. An
-answer counts as *repeated* when a near-duplicate of it was given to another prompt.
+(lower-cased) is about :data:`THRESHOLD` or more, as MinHash LSH estimates it with
+:data:`NUM_PERM` permutations, and their last numbers are equal (or both have none): the same
+words ending in another number are another answer. An answer counts as *repeated* when a
+near-duplicate of it was given to another prompt.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 THRESHOLD = 0.8
 NUM_PERM = 64
 SHINGLE = 3
+SAMPLE = 64  # answers read per group and step (tracer/readers/patterns_sql.py)
+_NUMBER = re.compile(r"[0-9][0-9.,]*")
+
+
+def _last_number(text: str) -> str | None:
+    found = _NUMBER.findall(text)
+    return found[-1].rstrip(".,") if found else None
 
 
 def _shingles(text: str) -> set[bytes]:
@@ -43,6 +52,7 @@ def repeated_share(answers: Sequence[tuple[Any, str | None]]) -> float:
         m.update_batch(list(_shingles(text)))
         lsh.insert(i, m)
         hashes.append(m)
-    repeated = sum(any(pairs[j][0] != prompt for j in lsh.query(m))
-                   for (prompt, _), m in zip(pairs, hashes, strict=True))  # fmt: skip
+    last = [_last_number(t) for _, t in pairs]
+    repeated = sum(any(pairs[j][0] != pairs[i][0] and last[j] == last[i] for j in lsh.query(m))
+                   for i, m in enumerate(hashes))  # fmt: skip
     return repeated / len(pairs)

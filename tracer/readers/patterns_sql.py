@@ -94,6 +94,7 @@ class Group(Counts):
     prompts: int = 0  # distinct prompts (else sample keys)
     answers: int = 0  # distinct response texts
     template: str = ""  # the exact-template signature text of its example (the finer level)
+    repeated: float | None = None  # near-duplicate answers to other prompts (near_dup.py)
 
 
 COLUMNS = ("trace_id", "step", "validate", "signature", "signature_text", "reward",
@@ -225,11 +226,48 @@ def duckdb_groups(source: Any, top: int, min_count: int, running: set[Any] | Non
             if int(step) not in totals:  # every step has its top signatures here
                 totals[int(step)] = StepTotal(
                     int(step), **_counts(dict(zip(_SUMMED, row[9 + k :], strict=True))))
+        _near_dups(con, groups, totals, min_count)
         return groups, totals
     finally:
         if running is not None:
             running.discard(con)
         con.close()
+
+
+_SAMPLES = """
+SELECT step, signature, prompt, response_text FROM (
+  SELECT step, signature, prompt, response_text,
+         row_number() OVER (PARTITION BY step, signature ORDER BY trace_id) AS i
+  FROM t WHERE (step, signature) IN (SELECT unnest($steps), unnest($sigs)))
+WHERE i <= $sample
+"""
+
+
+def needs_near_dups(g: Group, total: StepTotal, min_count: int) -> bool:
+    """A group large enough to be flagged, without correctness, paid above its step's mean:
+    the groups whose ``repeated`` (the evidence a run without a correctness signal has) can
+    decide anything."""
+    mean, step_mean = g.reward_mean, total.reward_mean
+    return (g.n >= min_count and g.n_checked < g.n / 2 and mean is not None
+            and step_mean is not None and mean > step_mean)  # fmt: skip
+
+
+def _near_dups(con: Any, groups: list[Group], totals: dict[int, StepTotal],
+               min_count: int) -> None:  # fmt: skip
+    """``repeated`` of the groups that need it, over a sample of their answers."""
+    from tracer.readers.near_dup import SAMPLE, repeated_share
+
+    wanted = {(g.step, g.signature): g for g in groups
+              if needs_near_dups(g, totals[g.step], min_count)}  # fmt: skip
+    if not wanted:
+        return
+    steps, sigs = zip(*wanted, strict=True)
+    answers: dict[tuple[int, str], list[tuple[Any, str | None]]] = {}
+    for step, sig, prompt, text in con.execute(
+        _SAMPLES, {"steps": list(steps), "sigs": list(sigs), "sample": SAMPLE}).fetchall():
+        answers.setdefault((int(step), sig), []).append((prompt, text))
+    for key, g in wanted.items():
+        g.repeated = repeated_share(answers.get(key, []))
 
 
 def _counts(sums: dict[str, Any]) -> dict[str, Any]:
