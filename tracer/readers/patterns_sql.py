@@ -175,12 +175,27 @@ def _source(con: Any, source: Any) -> set[str]:
     elif hasattr(source, "column_names"):  # an Arrow table, read in place
         con.register("src", source.select([c for c in COLUMNS if c in source.column_names]))
     else:  # a pandas DataFrame (only the columns needed: others may hold numpy arrays)
-        con.register("src", source[[c for c in COLUMNS if c in source.columns]])
+        con.register("src", _from_pandas(source))
     names = {row[0] for row in con.execute("DESCRIBE SELECT * FROM src").fetchall()}
     if "signature" not in names:
         raise NoSignatures("the trajectories table has no signature column (exported before "
                            "behaviour signatures existed): export the run again")  # fmt: skip
     return names
+
+
+def _from_pandas(df: Any) -> Any:
+    """The columns needed as an Arrow table: ``reward_parts`` (pairs, in pandas) as a map."""
+    import pyarrow as pa
+
+    from tracer.readers.earned import parts_of
+
+    plain = pa.Table.from_pandas(df[[c for c in COLUMNS if c in df.columns and
+                                     c != "reward_parts"]], preserve_index=False)  # fmt: skip
+    if "reward_parts" not in df.columns:
+        return plain
+    parts = pa.array([parts_of(v) or None for v in df["reward_parts"]],
+                     type=pa.map_(pa.string(), pa.float64()))  # fmt: skip
+    return plain.append_column("reward_parts", parts)
 
 
 Grouped = tuple[list["Group"], dict[int, "StepTotal"]]
