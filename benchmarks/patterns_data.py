@@ -70,6 +70,7 @@ def hacking(rng: np.random.Generator, step: Any, prompt_no: Any, traj: dict[str,
             turns: dict[str, Any], calls: dict[str, Any], turns_per: int) -> None:  # fmt: skip
     """Rewrite one page's columns in place (``turns_per`` turns and tool calls a trajectory)."""
     count = len(traj["trace_id"])
+    traj["accuracy"] = np.array(traj["accuracy"], dtype=float)  # not the reward's own array
     draws = rng.random(count)
     keep = np.ones(len(calls["trace_id"]), dtype=bool)
     names, status = list(calls["name"]), list(calls["status"])
