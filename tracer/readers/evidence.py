@@ -16,20 +16,22 @@ from __future__ import annotations
 from typing import Any
 
 _PAIR = """
-SELECT a.trace_id, a.reward, a.correct, b.trace_id, b.reward, b.correct, b.step,
-       a.sample_key = b.sample_key AND a.step = b.step AS same_group
+SELECT a.trace_id, a.reward, a.correct, a.sample_key, b.trace_id, b.reward, b.correct,
+       b.sample_key, b.step, a.sample_key = b.sample_key AND a.step = b.step AS same_group
 FROM t a JOIN t b ON {join}
 WHERE a.step = $step AND a.signature = $sig AND a.unearned AND b.correct >= $low
 ORDER BY a.trace_id, b.trace_id LIMIT 1
 """
 _ALONE = """
-SELECT trace_id, reward, correct FROM t
+SELECT trace_id, reward, correct, sample_key FROM t
 WHERE step = $step AND signature = $sig ORDER BY NOT coalesce(unearned, false), trace_id LIMIT 1
 """
 
 
-def _side(trace_id: Any, reward: Any, correct: Any, step: Any) -> dict[str, Any]:
-    return {"trace_id": str(trace_id), "reward": reward, "correct": correct, "step": int(step)}
+def _side(trace_id: Any, reward: Any, correct: Any, sample_key: Any,
+          step: Any) -> dict[str, Any]:  # fmt: skip
+    return {"trace_id": str(trace_id), "reward": reward, "correct": correct,
+            "sample_key": sample_key, "step": int(step)}  # fmt: skip
 
 
 def add_pairs(source: Any, found: Any) -> None:
@@ -53,9 +55,8 @@ def add_pairs(source: Any, found: Any) -> None:
                 if row is not None:
                     break
             if row is not None:
-                r.pair = {"step": step, "flagged": _side(*row[:3], step),
-                          "earned": _side(row[3], row[4], row[5], row[6]),
-                          "same_group": bool(row[7])}
+                r.pair = {"step": step, "flagged": _side(*row[:4], step),
+                          "earned": _side(*row[4:9]), "same_group": bool(row[9])}
             else:
                 alone = con.execute(_ALONE, {"step": step, "sig": r.signature}).fetchone()
                 if alone is not None:
