@@ -271,3 +271,20 @@ def test_flags_command_prints_the_summary_and_first_flagged_step(
     assert main(["flags", "--from", "parquet", "--path", str(hacked_run),
                  "--pattern-min-share", "0.9"]) == 0  # fmt: skip
     assert "no flagged behaviour pattern over 80 training steps" in capsys.readouterr().out
+
+
+def test_missing_prompts_and_answers_count_alike_in_python_and_duckdb() -> None:
+    """A NULL prompt or response is no value in both groupings (DuckDB's hash(NULL) is a
+    number: counted as one more distinct value, it gave 7 prompts and 2 answers here)."""
+    import pyarrow as pa
+
+    from tracer.readers.patterns_sql import duckdb_groups
+
+    rows = [{"trace_id": f"t{i}", "step": 1, "validate": False, "signature": "s",
+             "signature_text": "s", "reward": 1.0, "response_tokens": 5,
+             "prompt": None if i < 3 else f"p{i}", "sample_key": None, "num_tool_calls": 0,
+             "num_tool_errors": 0,
+             "response_text": None if i % 2 else "same"} for i in range(8)]  # fmt: skip
+    (py,), _ = aggregate(rows)
+    (db,), _ = duckdb_groups(pa.Table.from_pylist(rows), top=10, min_count=1)
+    assert (py.prompts, py.answers) == (db.prompts, db.answers) == (5, 1)
