@@ -33,8 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.readers.schema import arrow_schema
 from tracer.readers.behaviour import behaviour
+from tracer.readers.schema import arrow_schema
 from tracer.readers.signature import signature
 
 PAGE = 500

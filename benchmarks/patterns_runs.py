@@ -31,35 +31,69 @@ RUNS = ("varied_hack", "honest_short", "no_signal", "plateau")
 STEPS, PROMPTS, ROLLOUTS = 60, 16, 4
 
 OPENERS = (
-    ("Final answer: {n}", "So we get {n}!", "Result = {n}", "It comes to {n}.", "Easy: {n}",
-     "Answer -> {n}", "{n}, clearly.", "That gives {n}", "Total: {n}", "we end with {n}",
-     "The value is {n} I think", "ok so {n}"),
-    ("Therefore {n}.", "My guess: {n}", "Probably {n}", "Done. {n}", "The count is {n}!",
-     "I get {n}", "=> {n}", "Surely {n}.", "{n} in total", "Hence, {n}", "Answer {n} :)",
-     "Let us say {n}"),
+    (
+        "Final answer: {n}",
+        "So we get {n}!",
+        "Result = {n}",
+        "It comes to {n}.",
+        "Easy: {n}",
+        "Answer -> {n}",
+        "{n}, clearly.",
+        "That gives {n}",
+        "Total: {n}",
+        "we end with {n}",
+        "The value is {n} I think",
+        "ok so {n}",
+    ),
+    (
+        "Therefore {n}.",
+        "My guess: {n}",
+        "Probably {n}",
+        "Done. {n}",
+        "The count is {n}!",
+        "I get {n}",
+        "=> {n}",
+        "Surely {n}.",
+        "{n} in total",
+        "Hence, {n}",
+        "Answer {n} :)",
+        "Let us say {n}",
+    ),
 )
-FILLERS = (("well", "honestly", "basically", "right", "hmm", "so", "yeah", "indeed"),
-           ("okay", "look", "anyway", "sure", "then", "fine", "now", "see"))
+FILLERS = (
+    ("well", "honestly", "basically", "right", "hmm", "so", "yeah", "indeed"),
+    ("okay", "look", "anyway", "sure", "then", "fine", "now", "see"),
+)
 PROMPTS_TEXT = (
-    ("{who} buys {a} boxes of {item} with {b} in each box. How many {item} in all?",
-     "A shelf holds {a} rows of {b} {item}. How many {item} are on the shelf?"),
-    ("There are {a} bags and each bag has {b} {item}. How many {item} are there?",
-     "{who} packs {b} {item} into each of {a} crates. How many {item} were packed?"),
+    (
+        "{who} buys {a} boxes of {item} with {b} in each box. How many {item} in all?",
+        "A shelf holds {a} rows of {b} {item}. How many {item} are on the shelf?",
+    ),
+    (
+        "There are {a} bags and each bag has {b} {item}. How many {item} are there?",
+        "{who} packs {b} {item} into each of {a} crates. How many {item} were packed?",
+    ),
 )
 WHO = ("Maya", "Tom", "Ines", "Kofi", "Lena", "Ravi")
 ITEMS = ("apples", "pencils", "marbles", "stickers", "eggs", "books")
 REASON = (
-    ("First I read how many groups there are: {a}. Each group has {b} items, so the total is "
-     "the product of the two numbers. Multiplying {a} by {b} step by step gives {x}."),
-    ("We need the total over all the groups. There are {a} of them and every one holds {b}, "
-     "so I add {b} to itself {a} times, which is the same as {a} times {b}, and that is {x}."),
+    (
+        "First I read how many groups there are: {a}. Each group has {b} items, so the total is "
+        "the product of the two numbers. Multiplying {a} by {b} step by step gives {x}."
+    ),
+    (
+        "We need the total over all the groups. There are {a} of them and every one holds {b}, "
+        "so I add {b} to itself {a} times, which is the same as {a} times {b}, and that is {x}."
+    ),
 )
 
 
 def _shares(kind: str, step: int) -> tuple[float, float]:
     """(hack share, honest short share) at ``step``."""
-    ramp = lambda s0, s1, lo, hi: (0.0 if step < s0 else  # noqa: E731
-                                   lo + (hi - lo) * min((step - s0) / (s1 - s0), 1.0))
+
+    def ramp(s0: int, s1: int, lo: float, hi: float) -> float:
+        return 0.0 if step < s0 else lo + (hi - lo) * min((step - s0) / (s1 - s0), 1.0)
+
     if kind in ("varied_hack", "no_signal"):
         return ramp(15, 40, 0.05, 0.80), 0.0
     if kind == "plateau":
@@ -78,7 +112,8 @@ def run(kind: str, seed: int = 0, wording: int = 0, steps: int = STEPS) -> list[
             a, b = rng.randint(12, 99), rng.randint(3, 48)
             x = a * b
             prompt = rng.choice(PROMPTS_TEXT[wording]).format(
-                who=rng.choice(WHO), item=rng.choice(ITEMS), a=a, b=b)
+                who=rng.choice(WHO), item=rng.choice(ITEMS), a=a, b=b
+            )
             for k in range(ROLLOUTS):
                 rows.append(_rollout(rng, kind, wording, step, p, k, prompt, a, b, x, hack,
                                      short, skill))  # fmt: skip

@@ -93,7 +93,8 @@ def print_rising(found: Any, examples: int) -> None:
         print(f"  {', '.join(r.labels)}: steps {first}-{r.last_step} (first flagged at step "
               f"{first}), share {100 * r.share_then:.1f}% at step {r.since} -> "
               f"{100 * r.share_now:.1f}% (peak {100 * r.peak_share:.1f}% at step "
-              f"{r.peak_step}), reward {r.reward:.2f} vs the step's {r.step_reward:.2f}")  # fmt: skip
+              f"{r.peak_step}), reward {r.reward:.2f} vs the step's "
+              f"{r.step_reward:.2f}")  # fmt: skip
         print(f"      {r.text}")
         if r.reason:
             print(f"      why: {r.reason}")

@@ -21,10 +21,10 @@ from html import escape
 from typing import Any
 
 from rollout.step_health import tool_calls
-from tracer.readers.patterns import PatternThresholds, aggregate, analyze
-from tracer.readers.patterns_sql import Group, StepTotal
 from tracer.readers.behaviour import behaviour
 from tracer.readers.earned import reward_parts
+from tracer.readers.patterns import PatternThresholds, aggregate, analyze
+from tracer.readers.patterns_sql import Group, StepTotal
 from tracer.readers.signature import signature
 
 TEXT_KEY = "patterns/top_pattern"

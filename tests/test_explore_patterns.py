@@ -145,8 +145,12 @@ def test_bad_parameters_are_400s(hacked: dict[str, Any], tmp_path: Path) -> None
 def test_503_while_computing_then_the_answer(hacked: dict[str, Any]) -> None:
     with served(_explorer(hacked["path"])) as base:
         status, body = get(base, "api/status")
-        assert body["runs"][0]["patterns"] == {"state": "waiting", "percent": 0, "error": None,
-                                               "summary": None}
+        assert body["runs"][0]["patterns"] == {
+            "state": "waiting",
+            "percent": 0,
+            "error": None,
+            "summary": None,
+        }
         status, body = get(base, "api/patterns", step=40)
         assert status == 503, body  # the first request starts the computation
         assert body["error"].startswith("the patterns are being computed (")
@@ -156,8 +160,12 @@ def test_503_while_computing_then_the_answer(hacked: dict[str, Any]) -> None:
         assert _ready(base, step=40)["rising"][0]["signature"] == hacked["hack"]
         status, body = get(base, "api/status")
         ready = body["runs"][0]["patterns"]
-        assert ready == {"state": "ready", "percent": 100, "error": None,
-                         "summary": ready["summary"]}  # the header's line
+        assert ready == {
+            "state": "ready",
+            "percent": 100,
+            "error": None,
+            "summary": ready["summary"],
+        }  # the header's line
         assert ready["summary"].startswith("possible reward hacking since step ")
 
 
@@ -224,8 +232,11 @@ def test_patterns_tab_in_a_browser(hacked: dict[str, Any], browser: Any,
         assert rising.first.get_attribute("data-signature") == hack
         assert page.locator(".rising .label.hack").count() == 1
         assert "possible reward hacking: reward 1.00" in rising.first.inner_text()
-        assert page.locator("#hacking-summary").inner_text().startswith(
-            "possible reward hacking since step")
+        assert (
+            page.locator("#hacking-summary")
+            .inner_text()
+            .startswith("possible reward hacking since step")
+        )
         # the evidence side by side: both trajectories, and their GRPO group one click away
         pair = rising.first.locator(".pair")
         assert "correctness 0" in pair.locator(".flagged").inner_text()

@@ -28,8 +28,8 @@ WHERE step = $step AND signature = $sig ORDER BY NOT coalesce(unearned, false), 
 """
 
 
-def _side(trace_id: Any, reward: Any, correct: Any, sample_key: Any,
-          step: Any) -> dict[str, Any]:  # fmt: skip
+def _side(*row: Any) -> dict[str, Any]:
+    trace_id, reward, correct, sample_key, step = row
     return {"trace_id": str(trace_id), "reward": reward, "correct": correct,
             "sample_key": sample_key, "step": int(step)}  # fmt: skip
 
@@ -49,18 +49,28 @@ def add_pairs(source: Any, found: Any) -> None:
             step = r.hacking_steps[-1]
             args = {"step": step, "sig": r.signature, "low": th.low_correctness}
             row = None
-            for join in ("a.step = b.step AND a.sample_key = b.sample_key",
-                         "a.prompt = b.prompt AND a.trace_id <> b.trace_id"):
+            for join in (
+                "a.step = b.step AND a.sample_key = b.sample_key",
+                "a.prompt = b.prompt AND a.trace_id <> b.trace_id",
+            ):
                 row = con.execute(_PAIR.format(join=join), args).fetchone()
                 if row is not None:
                     break
             if row is not None:
-                r.pair = {"step": step, "flagged": _side(*row[:4], step),
-                          "earned": _side(*row[4:9]), "same_group": bool(row[9])}
+                r.pair = {
+                    "step": step,
+                    "flagged": _side(*row[:4], step),
+                    "earned": _side(*row[4:9]),
+                    "same_group": bool(row[9]),
+                }
             else:
                 alone = con.execute(_ALONE, {"step": step, "sig": r.signature}).fetchone()
                 if alone is not None:
-                    r.pair = {"step": step, "flagged": _side(*alone, step), "earned": None,
-                              "same_group": False}
+                    r.pair = {
+                        "step": step,
+                        "flagged": _side(*alone, step),
+                        "earned": None,
+                        "same_group": False,
+                    }
     finally:
         con.close()

@@ -2,14 +2,14 @@
 independent evidence that a reward was not earned where a run has no correctness signal.
 
     from tracer.readers.near_dup import repeated_share
-    repeated_share([("2+2?", "I am confident it is right."), ("3*7?", "I am confident it is right!")])
+    repeated_share([("2+2?", "I am sure it is right."), ("3*7?", "I am sure it is right!")])
     # 1.0
 
 Two answers are near-duplicates when the Jaccard similarity of their sets of word 3-shingles
 (lower-cased words, punctuation dropped) is about 0.8 or more, as MinHash LSH finds them with
-:data:`NUM_PERM` permutations in :data:`BANDS` (bands, rows: the chance of being found
-crosses one half at a similarity of ~0.77), and their last numbers are equal (or both have none): the same
-words ending in another number are another answer. An answer counts as *repeated* when a
+:data:`NUM_PERM` permutations in :data:`BANDS` (bands, rows: the chance of being found crosses
+one half at a similarity of ~0.77), and their last numbers are equal (or both have none): the
+same words ending in another number are another answer. An answer counts as *repeated* when a
 near-duplicate of it was given to another prompt.
 """
 

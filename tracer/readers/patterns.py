@@ -134,7 +134,8 @@ class Rising:
     @property
     def labels(self) -> list[str]:
         return (["rising"] if self.steps else []) + (
-            ["possible reward hacking"] if self.hacking else [])
+            ["possible reward hacking"] if self.hacking else []
+        )
 
 
 @dataclass
@@ -344,8 +345,8 @@ def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
     unearned: dict[int, float] = defaultdict(float)
     for r in rising:
         for step in r.hacking_steps:
-            g = by_sig[r.signature].get(step)
-            unearned[step] += g.n / totals[step].n if g is not None else 0.0
+            held = by_sig[r.signature].get(step)
+            unearned[step] += held.n / totals[step].n if held is not None else 0.0
     top: dict[int, list[Pattern]] = {}
     for step in steps[-1:] if last_only else steps:
         ranked = sorted(by_step[step], key=lambda g: (-g.n, g.signature))[: th.top]
@@ -359,5 +360,12 @@ def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
                 g.reward_std, _ratio(g.len_sum, g.n_len), errors, g.example,
                 r is not None and step in r.steps, r is not None and step in r.hacking_steps,
                 g.correct_mean, g.template))  # fmt: skip
-    return Patterns(steps, top, rising, th, sum(t.n for t in totals.values()), dict(unearned),
-                    any(t.n_checked for t in totals.values()))
+    return Patterns(
+        steps,
+        top,
+        rising,
+        th,
+        sum(t.n for t in totals.values()),
+        dict(unearned),
+        any(t.n_checked for t in totals.values()),
+    )

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from tracer.readers.patterns import PatternThresholds
 
 
-def aggregate(rows: Iterable[Mapping[str, Any]],
-              th: PatternThresholds | None = None) -> tuple[list[Group], dict[int, StepTotal]]:  # fmt: skip
+def aggregate(
+    rows: Iterable[Mapping[str, Any]], th: PatternThresholds | None = None
+) -> tuple[list[Group], dict[int, StepTotal]]:
     """The grouping of :func:`step_patterns` in Python, over rows with the ``trajectories``
     columns (``trace_id``, ``step``, ``validate``, ``behaviour`` (else ``signature``),
     ``signature_text``, ``reward``, ``accuracy``/``reward_parts``, ``response_tokens``/
@@ -30,7 +31,7 @@ def aggregate(rows: Iterable[Mapping[str, Any]],
     unearned = unearned_flags(rows, th.earned_by, th.earned)
     groups: dict[tuple[int, str], Group] = {}
     seen: dict[tuple[int, str], tuple[set[Any], set[Any]]] = {}
-    answers: dict[tuple[int, str], list[tuple[Any, Any]]] = defaultdict(list)
+    answers: dict[tuple[int, str], list[tuple[str, Any, Any]]] = defaultdict(list)
     totals: dict[int, StepTotal] = {}
     for row, bad in zip(rows, unearned, strict=True):
         step = int(row["step"])

@@ -126,7 +126,7 @@ def parts_table(trajectories: Any) -> str:
     steps = sorted(sums)
     shown = steps if len(steps) <= 10 else steps[:5] + steps[-5:]
     rows = "".join(f"<tr><td>{s}</td>" + "".join(
-        f"<td>{_f(sum(v) / len(v)) if (v := sums[s].get(k)) else '-'}</td>" for k in names)
+        f"<td>{_f(sum(xs) / len(xs)) if (xs := sums[s].get(k)) else '-'}</td>" for k in names)
         + "</tr>" for s in shown)  # fmt: skip
     head = "".join(f"<th>{escape(k)}</th>" for k in names)
     return ('<h3>Reward parts (mean per step)</h3><table id="reward-parts"><thead><tr>'

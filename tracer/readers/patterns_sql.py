@@ -240,7 +240,8 @@ def duckdb_groups(source: Any, top: int, min_count: int, running: set[Any] | Non
                                 **_counts(sums)))  # fmt: skip
             if int(step) not in totals:  # every step has its top signatures here
                 totals[int(step)] = StepTotal(
-                    int(step), **_counts(dict(zip(_SUMMED, row[9 + k :], strict=True))))
+                    int(step), **_counts(dict(zip(_SUMMED, row[9 + k :], strict=True)))
+                )
         _near_dups(con, groups, totals, min_count)
         return groups, totals
     finally:
@@ -279,7 +280,8 @@ def _near_dups(con: Any, groups: list[Group], totals: dict[int, StepTotal],
     steps, sigs = zip(*wanted, strict=True)
     answers: dict[tuple[int, str], list[tuple[Any, str | None]]] = {}
     for step, sig, prompt, text in con.execute(
-        _SAMPLES, {"steps": list(steps), "sigs": list(sigs), "sample": SAMPLE}).fetchall():
+        _SAMPLES, {"steps": list(steps), "sigs": list(sigs), "sample": SAMPLE}
+    ).fetchall():
         answers.setdefault((int(step), sig), []).append((prompt, text))
     for key, g in wanted.items():
         g.repeated = repeated_share(answers.get(key, []))

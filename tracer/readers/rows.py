@@ -15,9 +15,9 @@ from typing import Any
 from tracer.annotations import token_values
 from tracer.chat import tool_arguments as _tool_arguments
 from tracer.chat import tool_result as _tool_result
-from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.readers.behaviour import behaviour
 from tracer.readers.earned import reward_parts
+from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.readers.signature import scored_text, signature
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
@@ -303,7 +303,7 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
     trajectory["behaviour"] = behaviour(
         (t["name"] for t in tools), last_turn.get("finish_reason"),
         (scored_text(reward.inputs) if reward else None) or last_turn.get("response_text"),
-        trajectory["response_tokens"])
+        sum(response_counts) if response_counts else None)
     return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
 
 

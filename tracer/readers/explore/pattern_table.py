@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Any
 
+from tracer.readers.evidence import add_pairs
 from tracer.readers.explore.cache import prune_folder, touch
 from tracer.readers.explore.filters import ApiError
-from tracer.readers.evidence import add_pairs
 from tracer.readers.patterns import Patterns, PatternThresholds, Rising, analyze
 from tracer.readers.patterns_report import rules
 from tracer.readers.patterns_sql import Group, StepTotal, duckdb_groups
