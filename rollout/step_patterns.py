@@ -81,7 +81,7 @@ class StepPatterns:
     def add(self, step: int, rows: list[dict[str, Any]]) -> dict[str, float]:
         """Add one step's trajectory rows (the export's ``trajectories`` columns); returns
         the step's ``patterns/*`` numbers."""
-        groups, totals = aggregate(rows, self.th)
+        groups, totals = aggregate(rows, self.th.earned_by, self.th.earned, self.th.min_count)
         if step not in totals:
             return {}
         self.groups[step], self.totals[step] = groups, totals[step]

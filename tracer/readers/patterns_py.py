@@ -6,29 +6,29 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tracer.readers.earned import correctness, num, unearned_flags
+from tracer.readers.earned import EarnedThresholds, correctness, num, unearned_flags
 from tracer.readers.patterns_sql import Group, StepTotal, needs_near_dups
-
-if TYPE_CHECKING:
-    from tracer.readers.patterns import PatternThresholds
 
 
 def aggregate(
-    rows: Iterable[Mapping[str, Any]], th: PatternThresholds | None = None
+    rows: Iterable[Mapping[str, Any]],
+    earned_by: str | None = None,
+    earned: EarnedThresholds | None = None,
+    min_count: int = 5,
 ) -> tuple[list[Group], dict[int, StepTotal]]:
     """The grouping of :func:`step_patterns` in Python, over rows with the ``trajectories``
     columns (``trace_id``, ``step``, ``validate``, ``behaviour`` (else ``signature``),
     ``signature_text``, ``reward``, ``accuracy``/``reward_parts``, ``response_tokens``/
-    ``response_text``, ``num_tool_calls``, ``num_tool_errors``, ``prompt``/``sample_key``)."""
+    ``response_text``, ``num_tool_calls``, ``num_tool_errors``, ``prompt``/``sample_key``);
+    ``earned_by``, ``earned`` and ``min_count`` as in
+    :class:`~tracer.readers.patterns.PatternThresholds` (whose defaults these are)."""
     from tracer.readers.near_dup import SAMPLE, repeated_share
-    from tracer.readers.patterns import PatternThresholds
 
-    th = th or PatternThresholds()
     rows = [r for r in rows if num(r.get("step")) is not None and not r.get("validate")
             and (r.get("behaviour") or r.get("signature"))]  # fmt: skip
-    unearned = unearned_flags(rows, th.earned_by, th.earned)
+    unearned = unearned_flags(rows, earned_by, earned)
     groups: dict[tuple[int, str], Group] = {}
     seen: dict[tuple[int, str], tuple[set[Any], set[Any]]] = {}
     answers: dict[tuple[int, str], list[tuple[str, Any, Any]]] = defaultdict(list)
@@ -37,7 +37,7 @@ def aggregate(
         step = int(row["step"])
         sig = row.get("behaviour") or row["signature"]
         key = (step, str(sig))
-        reward, correct = num(row.get("reward")), correctness(row, th.earned_by)
+        reward, correct = num(row.get("reward")), correctness(row, earned_by)
         length = num(row.get("response_tokens"))
         if length is None and isinstance(row.get("response_text"), str):
             length = float(len(row["response_text"]))
@@ -61,7 +61,7 @@ def aggregate(
         answers[key].append((str(row["trace_id"]), prompt, row.get("response_text")))
     for key, g in groups.items():
         g.prompts, g.answers = len(seen[key][0]), len(seen[key][1])
-        if needs_near_dups(g, totals[key[0]], th.min_count):
+        if needs_near_dups(g, totals[key[0]], min_count):
             # the sample DuckDB reads: the first answers by trace id
             sample = sorted(answers[key], key=lambda a: a[0])[:SAMPLE]
             g.repeated = repeated_share([(p, t) for _, p, t in sample])
