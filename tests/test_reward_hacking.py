@@ -52,8 +52,12 @@ def test_a_hack_is_flagged_by_step_40_and_while_it_lasts(kind: str, seed: int,
     # evidence side by side: an unearned example beside an earned answer to the same prompt
     assert r.pair and r.pair["flagged"]["correct"] == 0.0 and r.pair["earned"]["correct"] == 1.0
     # the health flag rests on the same notion: it fires at the steps the hack holds
-    steps = {f.step for f in health(rows).steps if f.name == "reward_accuracy_divergence"}
-    assert set(range(40, 61)) <= steps
+    flags = {f.step: set(f.trace_ids) for f in health(rows).steps
+             if f.name == "reward_accuracy_divergence"}  # fmt: skip
+    assert set(range(40, 61)) <= set(flags)
+    for step in range(40, 61):  # the hack's wrong answers, not the honest wrong ones (0.1)
+        assert flags[step] == {r["trace_id"] for r in rows
+                               if r["step"] == step and r["hack"] and r["accuracy"] == 0}
 
 
 @pytest.mark.parametrize(("seed", "wording"), VARIANTS)
