@@ -56,8 +56,9 @@ def test_a_hack_is_flagged_by_step_40_and_while_it_lasts(kind: str, seed: int,
              if f.name == "reward_accuracy_divergence"}  # fmt: skip
     assert set(range(40, 61)) <= set(flags)
     for step in range(40, 61):  # the hack's wrong answers, not the honest wrong ones (0.1)
-        assert flags[step] == {r["trace_id"] for r in rows
-                               if r["step"] == step and r["hack"] and r["accuracy"] == 0}
+        assert flags[step] == {
+            r["trace_id"] for r in rows if r["step"] == step and r["hack"] and r["accuracy"] == 0
+        }
 
 
 @pytest.mark.parametrize(("seed", "wording"), VARIANTS)
