@@ -1,4 +1,4 @@
-"""What behaviour signatures add to an export, and what the pattern query costs.
+"""What behaviour grouping and flags add to an export, and what the pattern query costs.
 
     python -m benchmarks.bench_patterns --n 20000 [--pairs 2] [--patterns-n 200000]
 
@@ -8,8 +8,10 @@
    writer, then exported to Parquet (``tracer.readers.export``) ``--pairs`` times each way,
    interleaved (without, with, ...); the added share is that of the median CPU time (all
    threads of the process: steadier than wall time on a shared machine). "Without" replaces
-   the signature function by a constant. Also the signatures alone (CPU time), over the same
-   records.
+   the signature, behaviour and reward-parts functions by constants. Then the flags:
+   ``step_patterns`` (grouping by behaviour, the rules, the evidence pairs) over the "with"
+   export, median of 3 (CPU time); ``added_pct`` is (with - without + flags) / without. Also
+   the signatures alone (CPU time), over the same records.
 2. ``step_patterns`` over the Parquet of ``--patterns-n`` trajectories of
    ``benchmarks/explore_data.py --scenario hacking`` (80 steps), median of 3.
 
@@ -97,6 +99,7 @@ def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
     import tracer
     import tracer.readers.rows as rows
     from tracer.backends.jsonl_backend import JsonlExporter
+    from tracer.readers.patterns import step_patterns
     from tracer.readers.signature import Signature, scored_text, signature
 
     made = records(n, ids)
@@ -112,22 +115,32 @@ def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
         signature(calls, "stop", scored_text(r.spans[-1].inputs), last)
     alone = time.process_time() - t0
     del made
-    real = rows.signature
+    real = (rows.signature, rows.behaviour, rows._reward_parts)
     const = Signature("0" * 16, "")
+    fakes = (lambda *a, **k: const, lambda *a, **k: "", lambda *a, **k: None)
     times: dict[str, list[tuple[float, float]]] = {"without": [], "with": []}
     for k in range(pairs):
         for mode in ("without", "with"):
-            rows.signature = real if mode == "with" else (lambda *a, **k: const)  # type: ignore[assignment]
+            rows.signature, rows.behaviour, rows._reward_parts = (  # type: ignore[assignment]
+                real if mode == "with" else fakes)
             try:
                 times[mode].append(_export(path, str(tmp / f"out-{mode}-{k}")))
             finally:
-                rows.signature = real
+                rows.signature, rows.behaviour, rows._reward_parts = real
+    flags = []
+    for _ in range(3):
+        c0 = time.process_time()
+        step_patterns(str(tmp / f"out-with-{pairs - 1}"))
+        flags.append(time.process_time() - c0)
     cpu = {mode: [c for _, c in runs] for mode, runs in times.items()}
     without, with_ = statistics.median(cpu["without"]), statistics.median(cpu["with"])
+    flag_s = statistics.median(flags)
     return {"n": n, "ids_per_turn": ids,
             "wall_s": {m: [round(w, 2) for w, _ in runs] for m, runs in times.items()},
             "cpu_s": {m: [round(c, 2) for c in v] for m, v in cpu.items()},
-            "added_pct": round(100 * (with_ - without) / without, 1),
+            "flags_cpu_s": [round(c, 2) for c in flags],
+            "columns_added_pct": round(100 * (with_ - without) / without, 1),
+            "added_pct": round(100 * (with_ - without + flag_s) / without, 1),
             "signatures_alone_s": round(alone, 2),
             "signature_us": round(1e6 * alone / n, 1),
             "export_us": round(1e6 * with_ / n, 1)}  # fmt: skip
@@ -144,9 +157,9 @@ def bench_patterns(n: int, tmp: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
         found = step_patterns(str(folder))
         times.append(time.perf_counter() - t0)
-    return {"n": n, "step_patterns_s": [round(t, 3) for t in times],
-            "rising": [(r.text[:40], r.first_step, r.hacking_step)
-                       for r in found.rising]}  # fmt: skip
+    return {"n": n, "step_patterns_s": [round(t, 3) for t in times], "summary": found.summary(),
+            "flagged": [(r.text[:60], r.first_step, r.hacking_step)
+                        for r in found.rising]}  # fmt: skip
 
 
 def explorer_tab(data: str, cache: str, steps: int, lines: list[str]) -> None:
@@ -182,7 +195,8 @@ def explorer_tab(data: str, cache: str, steps: int, lines: list[str]) -> None:
             times.append(dt)
             bodies.append(body)
         top = bodies[-1]["patterns"][0]
-        listed = _get(base, "api/list", [("signature", top["signature"]),
+        key = "signature" if len(top["signature"]) == 16 else "behaviour"
+        listed = _get(base, "api/list", [(key, top["signature"]),
                                          ("step", f"{bodies[-1]['step']}:{bodies[-1]['step']}"),
                                          ("size", 50)])[0]  # fmt: skip
         rising = bodies[-1]["rising"]
@@ -200,7 +214,7 @@ def explorer_tab(data: str, cache: str, steps: int, lines: list[str]) -> None:
         f"| Patterns tab: start to ready, table cached | {ready:.1f} s |",
         f"| `/api/patterns` at a step: ranked patterns, share curves, rising ones (30) | p50 "
         f"{_p(times, .5) * 1e3:.0f} ms, p95 {_p(times, .95) * 1e3:.0f} ms |",
-        f"| a pattern's trajectories at a step (`/api/list?signature=`) | "
+        f"| a pattern's trajectories at a step (`/api/list?behaviour=`) | "
         f"{listed * 1e3:.0f} ms |",
         f"| rising patterns found | {len(rising)}: {flagged} |",
     ]

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracer.readers.behaviour import behaviour
 from tracer.readers.schema import arrow_schema
 from tracer.readers.signature import signature
 
@@ -291,7 +292,8 @@ class Generator:
 
 
 def _sign(traj: dict[str, Any], calls: dict[str, Any]) -> None:
-    """The behaviour signature columns, as an export computes them (tracer/readers/rows.py)."""
+    """The behaviour signature, behaviour and reward parts columns, as an export computes them
+    (tracer/readers/rows.py)."""
     made: dict[str, list[tuple[str, bool]]] = {}
     for trace_id, name, error in zip(calls["trace_id"], calls["name"], calls["error"],
                                      strict=True):  # fmt: skip
@@ -300,6 +302,12 @@ def _sign(traj: dict[str, Any], calls: dict[str, Any]) -> None:
             zip(traj["trace_id"], traj["finish_reason"], traj["response_text"], strict=True)]
     traj["signature"] = [x.key for x in sigs]
     traj["signature_text"] = [x.text for x in sigs]
+    traj["behaviour"] = [behaviour((n for n, _ in made.get(t, [])), str(f), text, tokens)
+                         for t, f, text, tokens in zip(traj["trace_id"], traj["finish_reason"],
+                                                       traj["response_text"],
+                                                       traj["response_tokens"], strict=True)]
+    traj["reward_parts"] = [{"score": float(r), "acc": float(a)}
+                            for r, a in zip(traj["reward"], traj["accuracy"], strict=True)]
 
 
 def generate(out: str, n: int, *, steps: int | None = None, group: int = 4,

@@ -10,8 +10,12 @@ wrong) with their own tool calls and wording: ``calc`` (shrinks slowly), ``searc
 then a good one), ``ramble`` (cut at the token limit, reward 0: grows 6x in ten steps from
 step 20, but loses reward), and free-form answers (the base generator's random text: one
 signature each). The hack, a boilerplate sentence the reward function credits (reward 1.0,
-no tool call, ~20 tokens), appears at step :data:`HACK_START` and grows linearly to
-:data:`HACK_SHARE` of the step by step :data:`HACK_FULL`, then stays.
+no tool call, ~20 tokens; ``accuracy`` 0: a strict check fails it), appears at step
+:data:`HACK_START` and grows linearly to :data:`HACK_SHARE` of the step by step
+:data:`HACK_FULL`, then stays.
+
+The four GRPO runs of issue #46 (a varied-wording hack, an honest short answer taking over, a
+hack without a correctness signal, a hack that plateaus) are in ``benchmarks/patterns_runs.py``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ def hacking(rng: np.random.Generator, step: Any, prompt_no: Any, traj: dict[str,
             turns: dict[str, Any], calls: dict[str, Any], turns_per: int) -> None:  # fmt: skip
     """Rewrite one page's columns in place (``turns_per`` turns and tool calls a trajectory)."""
     count = len(traj["trace_id"])
+    traj["accuracy"] = np.array(traj["accuracy"], dtype=float)  # not the reward's own array
     draws = rng.random(count)
     keep = np.ones(len(calls["trace_id"]), dtype=bool)
     names, status = list(calls["name"]), list(calls["status"])
@@ -87,7 +92,9 @@ def hacking(rng: np.random.Generator, step: Any, prompt_no: Any, traj: dict[str,
         last = i * turns_per + turns_per - 1
         traj["response_text"][i] = turns["response_text"][last] = text(a, b, x)
         traj["finish_reason"][i] = turns["finish_reason"][last] = finish
-        traj["reward"][i] = traj["accuracy"][i] = 1.0 if ok else 0.0
+        traj["reward"][i] = 1.0 if ok else 0.0
+        # the grader pays the boilerplate; a strict check of the answer does not
+        traj["accuracy"][i] = 0.0 if chosen == "hack" else traj["reward"][i]
         if chosen in ("hack", "ramble"):
             traj["response_tokens"][i] = int(rng.integers(18, 27)) if chosen == "hack" else 510
         traj["num_tool_calls"][i] = len(tools)

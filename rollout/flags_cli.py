@@ -38,8 +38,11 @@ def configure_flags(p: argparse.ArgumentParser) -> None:
                    "(filter tags.`flag.truncated` = 'true' in the UI)")  # fmt: skip
     from tracer.readers.patterns import PatternThresholds
 
+    p.add_argument("--earned-by", default=None, metavar="PART",
+                   help="the reward part that says an answer is correct (default: accuracy, the "
+                   "reward's acc/accuracy output; any numeric part, e.g. format)")
     for f in dataclasses.fields(PatternThresholds):
-        if f.name != "top":
+        if f.name not in ("top", "earned_by"):
             p.add_argument(f"--pattern-{f.name.replace('_', '-')}", dest=f"pattern_{f.name}",
                            type=type(f.default), default=f.default, metavar="X",
                            help=f"behaviour patterns: {f.name} (default {f.default}; "
@@ -51,8 +54,10 @@ def _patterns(args: argparse.Namespace, trajectories: Any) -> tuple[Any, str | N
     from tracer.readers.patterns import PatternThresholds, step_patterns
     from tracer.readers.patterns_sql import NoSignatures
 
-    names = [f.name for f in dataclasses.fields(PatternThresholds) if f.name != "top"]
-    th = PatternThresholds(**{name: getattr(args, f"pattern_{name}") for name in names})
+    names = [f.name for f in dataclasses.fields(PatternThresholds)
+             if f.name not in ("top", "earned_by")]  # fmt: skip
+    th = PatternThresholds(**{name: getattr(args, f"pattern_{name}") for name in names},
+                           earned_by=args.earned_by)  # fmt: skip
     try:
         return step_patterns(trajectories, th), None
     except NoSignatures as exc:
@@ -65,26 +70,43 @@ def rising_json(r: Any) -> dict[str, Any]:
             "share_then": round(r.share_then, 4), "share_now": round(r.share_now, 4),
             "peak_share": round(r.peak_share, 4), "peak_step": r.peak_step,
             "reward": round(r.reward, 4), "step_reward": round(r.step_reward, 4),
-            "steps": r.steps, "hacking_steps": r.hacking_steps, "reason": r.reason,
-            "example": r.example,
+            "steps": r.steps, "hacking_steps": r.hacking_steps,
+            "hacking_step": r.hacking_step, "reason": r.reason, "note": r.note,
+            "correct": r.correct, "example": r.example, "template": r.template, "pair": r.pair,
             "curve": [[s, round(v, 4)] for s, v in r.curve]}  # fmt: skip
 
 
+def _two(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def print_rising(found: Any, examples: int) -> None:
-    """The rising patterns, one block each: flags, step range and share, the pattern, why."""
+    """The run's summary, then the flagged patterns, one block each: flags, the steps flagged
+    (first to last) and share, the pattern, why, and the evidence side by side."""
+    print(found.summary())
     if not found.rising:
-        print(f"no rising behaviour pattern over {len(found.steps)} training steps")
+        print(f"no flagged behaviour pattern over {len(found.steps)} training steps")
         return
-    print(f"rising behaviour patterns ({len(found.rising)}; rules: tracer/readers/patterns.py):")
+    print(f"flagged behaviour patterns ({len(found.rising)}; rules: tracer/readers/patterns.py):")
     for r in found.rising:
-        print(f"  {', '.join(r.labels)}: steps {r.since}-{r.last_step}, share "
-              f"{100 * r.share_then:.1f}% -> {100 * r.share_now:.1f}% (peak "
-              f"{100 * r.peak_share:.1f}% at step {r.peak_step}), reward {r.reward:.2f} vs the "
-              f"step's {r.step_reward:.2f}")  # fmt: skip
+        first = r.hacking_step if r.hacking else r.first_step
+        print(f"  {', '.join(r.labels)}: steps {first}-{r.last_step} (first flagged at step "
+              f"{first}), share {100 * r.share_then:.1f}% at step {r.since} -> "
+              f"{100 * r.share_now:.1f}% (peak {100 * r.peak_share:.1f}% at step "
+              f"{r.peak_step}), reward {r.reward:.2f} vs the step's "
+              f"{r.step_reward:.2f}")  # fmt: skip
         print(f"      {r.text}")
         if r.reason:
             print(f"      why: {r.reason}")
-        if examples:
+        elif r.note:
+            print(f"      note: {r.note}")
+        if examples and r.pair:
+            for name in ("flagged", "earned"):
+                t = r.pair[name]
+                if t is not None:
+                    print(f"      {name}: tr-{t['trace_id']}  (step {t['step']}, reward "
+                          f"{_two(t['reward'])}, correctness {_two(t['correct'])})")  # fmt: skip
+        elif examples:
             print(f"      tr-{r.example}  (step {r.last_step})")
 
 
@@ -104,7 +126,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
         tables = read_tables(args.source, allow_empty=False, **kwargs)
     except read_errors() as exc:
         return fail("flags", str(exc), exit_status(exc))
-    health = analyze(tables.trajectories.to_dict("records"))
+    health = analyze(tables.trajectories.to_dict("records"), earned_by=args.earned_by)
     counts = health.counts()
     found, no_patterns = _patterns(args, tables.trajectories)
     if args.write_tags:
@@ -122,6 +144,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
             for f in health.steps
         ]  # fmt: skip
         out: dict[str, Any] = {"flags": flags, "steps": steps,
+                               "summary": found.summary() if found is not None else None,
                                "rising_patterns": [rising_json(r) for r in found.rising]
                                if found is not None else None}  # fmt: skip
         print(json.dumps(out, indent=1, default=str))

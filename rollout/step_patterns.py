@@ -1,6 +1,8 @@
 """Behaviour patterns while the run goes: per step, ``patterns/top_share`` (the share of the
-step's most common signature), ``patterns/rising`` (signatures flagged rising at this step) and
-``patterns/possible_reward_hacking``, and the top pattern's text in every tracker that takes
+step's most common behaviour), ``patterns/rising`` (groups flagged rising at this step),
+``patterns/possible_reward_hacking`` and ``patterns/unearned_reward_share`` (the share of the
+step's trajectories in groups flagged possible reward hacking: it stays up while a hack
+holds), and the top pattern's text in every tracker that takes
 text (an MLflow artifact ``patterns/step_000001.txt``, a W&B HTML panel, a SwanLab text, a
 Trackio Markdown panel, under the key ``patterns/top_pattern``).
 
@@ -19,6 +21,8 @@ from html import escape
 from typing import Any
 
 from rollout.step_health import tool_calls
+from tracer.readers.behaviour import behaviour
+from tracer.readers.earned import reward_parts
 from tracer.readers.patterns import PatternThresholds, aggregate, analyze
 from tracer.readers.patterns_sql import Group, StepTotal
 from tracer.readers.signature import signature
@@ -44,11 +48,16 @@ def trajectory_row(out: Any, step: int) -> dict[str, Any]:
     last = assistant[-1] if assistant else None
     text = last.text if last is not None else None
     calls = [(c["name"], c["error"] is not None) for c in tool_calls(out.messages)]
-    sig = signature(calls, last.finish_reason if last is not None else None, text, text)
+    finish = last.finish_reason if last is not None else None
+    sig = signature(calls, finish, text, text)
+    parts = reward_parts(out.reward)
+    tokens = sum(len(t.token_ids) for t in assistant)
     return {"trace_id": "{}:{}:{}".format(step, extra.get("sample_index"), extra.get("rollout_n")),
             "step": step, "validate": bool(extra.get("validate")), "signature": sig.key,
             "signature_text": sig.text, "reward": (out.reward or {}).get("score"),
-            "response_tokens": sum(len(t.token_ids) for t in assistant), "response_text": text,
+            "response_tokens": tokens, "response_text": text, "reward_parts": parts,
+            "accuracy": parts.get("accuracy", parts.get("acc")),
+            "behaviour": behaviour((name for name, _ in calls), finish, text, tokens),
             "num_tool_calls": len(calls), "num_tool_errors": sum(f for _, f in calls),
             "prompt": _prompt(out.messages),
             "sample_key": str(extra.get("sample_index"))}  # fmt: skip
@@ -72,7 +81,7 @@ class StepPatterns:
     def add(self, step: int, rows: list[dict[str, Any]]) -> dict[str, float]:
         """Add one step's trajectory rows (the export's ``trajectories`` columns); returns
         the step's ``patterns/*`` numbers."""
-        groups, totals = aggregate(rows)
+        groups, totals = aggregate(rows, self.th.earned_by, self.th.earned, self.th.min_count)
         if step not in totals:
             return {}
         self.groups[step], self.totals[step] = groups, totals[step]

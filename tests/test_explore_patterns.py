@@ -35,9 +35,9 @@ def hacked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("hack") / "run"
     generate(str(out), STEPS * PER_STEP, steps=STEPS, scenario="hacking", short_text=True)
     rows = pq.read_table(out / "trajectories.parquet",
-                         columns=["trace_id", "step", "validate", "signature",
+                         columns=["trace_id", "step", "validate", "signature", "behaviour",
                                   "response_text"]).to_pylist()  # fmt: skip
-    (hack,) = {r["signature"] for r in rows if r["response_text"] == HACK_TEXT}
+    (hack,) = {r["behaviour"] for r in rows if r["response_text"] == HACK_TEXT}
     return {"path": out, "rows": rows, "hack": hack}
 
 
@@ -57,7 +57,7 @@ def _ready(base: str, **params: Any) -> Any:
 
 def _share(rows: list[dict[str, Any]], sig: str, step: int) -> float:
     at = [r for r in rows if r["step"] == step and not r["validate"]]
-    return sum(r["signature"] == sig for r in at) / len(at)
+    return sum(r["behaviour"] == sig for r in at) / len(at)
 
 
 def test_the_hack_is_flagged_and_first_among_rising(hacked: dict[str, Any],
@@ -67,13 +67,21 @@ def test_the_hack_is_flagged_and_first_among_rising(hacked: dict[str, Any],
     with served(explorer) as base:
         body = _ready(base, step=40)
         assert body["step"] == 40 and body["steps"] == list(range(1, STEPS + 1))
-        assert [r["signature"] for r in body["rising"]] == [hack]  # first; no honest one
+        hacks = [r for r in body["rising"] if "possible reward hacking" in r["labels"]]
+        assert [r["signature"] for r in hacks] == [hack] == [body["rising"][0]["signature"]]
         rising = body["rising"][0]
         assert rising["labels"] == ["rising", "possible reward hacking"]
         assert rising["first_step"] <= 40 and rising["hacking_step"] <= 40
-        assert "shorter" in rising["reason"] and "grew from" in rising["why"]
+        assert "with accuracy 0.00" in rising["reason"] and "grew from" in rising["why"]
+        assert body["summary"].startswith(f"possible reward hacking since step "
+                                          f"{rising['hacking_step']}, now ")  # fmt: skip
+        # the evidence side by side: an unearned example and an earned one, same GRPO group
+        pair = rising["pair"]
+        assert pair["same_group"] and pair["flagged"]["sample_key"] == pair["earned"]["sample_key"]
+        assert (pair["flagged"]["correct"], pair["earned"]["correct"]) == (0.0, 1.0)
         (mine,) = [p for p in body["patterns"] if p["signature"] == hack]
         assert mine["labels"] == ["rising", "possible reward hacking"] and mine["why"]
+        assert mine["reason"] and mine["correct_mean"] == 0.0
         assert mine["reward_mean"] == 1.0 and mine["reward_std"] == 0.0
         assert mine["tool_error_rate"] is None and mine["mean_length"] < 30
         assert [p["rank"] for p in body["patterns"]] == list(range(1, len(body["patterns"]) + 1))
@@ -84,7 +92,7 @@ def test_the_hack_is_flagged_and_first_among_rising(hacked: dict[str, Any],
         assert curve[20] == 0.0
         assert curve[70] == pytest.approx(_share(rows, hack, 70), abs=1e-5)
         # the pattern's trajectories, one filter away; its example is one of them
-        status, listed = get(base, "api/list", signature=hack, step="40:40", validate="false",
+        status, listed = get(base, "api/list", behaviour=hack, step="40:40", validate="false",
                              size=500)  # fmt: skip
         assert status == 200, listed
         assert listed["total"] == mine["n"]
@@ -92,6 +100,11 @@ def test_the_hack_is_flagged_and_first_among_rising(hacked: dict[str, Any],
         status, one = get(base, "api/trajectory", id=mine["example"], step=40)
         assert status == 200 and one["trajectory"]["response_text"] == HACK_TEXT
         assert len(_ready(base, step=40, top=3)["patterns"]) == 3
+        # a top beyond what the rules keep is answered, and said
+        many = _ready(base, step=40, top=100)
+        assert len(many["patterns"]) == many["top_kept"] == 10
+        assert many["note"].startswith("top=100: 10 patterns are kept per step")
+        assert _ready(base, step=40)["note"] is None
         assert _ready(base)["step"] == STEPS  # no step: the last
 
 
@@ -132,7 +145,12 @@ def test_bad_parameters_are_400s(hacked: dict[str, Any], tmp_path: Path) -> None
 def test_503_while_computing_then_the_answer(hacked: dict[str, Any]) -> None:
     with served(_explorer(hacked["path"])) as base:
         status, body = get(base, "api/status")
-        assert body["runs"][0]["patterns"] == {"state": "waiting", "percent": 0, "error": None}
+        assert body["runs"][0]["patterns"] == {
+            "state": "waiting",
+            "percent": 0,
+            "error": None,
+            "summary": None,
+        }
         status, body = get(base, "api/patterns", step=40)
         assert status == 503, body  # the first request starts the computation
         assert body["error"].startswith("the patterns are being computed (")
@@ -141,7 +159,14 @@ def test_503_while_computing_then_the_answer(hacked: dict[str, Any]) -> None:
                                                                              "ready")  # fmt: skip
         assert _ready(base, step=40)["rising"][0]["signature"] == hacked["hack"]
         status, body = get(base, "api/status")
-        assert body["runs"][0]["patterns"] == {"state": "ready", "percent": 100, "error": None}
+        ready = body["runs"][0]["patterns"]
+        assert ready == {
+            "state": "ready",
+            "percent": 100,
+            "error": None,
+            "summary": ready["summary"],
+        }  # the header's line
+        assert ready["summary"].startswith("possible reward hacking since step ")
 
 
 def test_the_cache_is_reused_on_restart(hacked: dict[str, Any], tmp_path: Path) -> None:
@@ -204,8 +229,19 @@ def test_patterns_tab_in_a_browser(hacked: dict[str, Any], browser: Any,
         shares = [float(t.split()[0]) for t in page.locator("#patterns td.share").all_inner_texts()]
         assert shares == sorted(shares, reverse=True)
         rising = page.locator(".rising")
-        assert rising.count() == 1 and rising.first.get_attribute("data-signature") == hack
+        assert rising.first.get_attribute("data-signature") == hack
+        assert page.locator(".rising .label.hack").count() == 1
         assert "possible reward hacking: reward 1.00" in rising.first.inner_text()
+        assert (
+            page.locator("#hacking-summary")
+            .inner_text()
+            .startswith("possible reward hacking since step")
+        )
+        # the evidence side by side: both trajectories, and their GRPO group one click away
+        pair = rising.first.locator(".pair")
+        assert "correctness 0" in pair.locator(".flagged").inner_text()
+        assert "correctness 1" in pair.locator(".earned").inner_text()
+        assert pair.locator("a.group-link").count() == 1
         assert rising.first.locator(".share-chart polyline").count() == 1
         update = os.environ.get("UPDATE_DOCS_SCREENSHOTS") == "1"
         shot = DOCS_PNG if update else tmp_path / "patterns.png"
@@ -215,7 +251,7 @@ def test_patterns_tab_in_a_browser(hacked: dict[str, Any], browser: Any,
         row.locator("a.all").click()
         page.wait_for_selector("#trajectories tbody tr", timeout=30_000)
         n = int(page.locator("#count b").inner_text().replace(",", ""))
-        assert n == sum(r["signature"] == hack and r["step"] == 40 and not r["validate"]
+        assert n == sum(r["behaviour"] == hack and r["step"] == 40 and not r["validate"]
                         for r in hacked["rows"])  # fmt: skip
         page.go_back()
         page.wait_for_selector(f'#patterns tr[data-signature="{hack}"] a.example')

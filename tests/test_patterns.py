@@ -1,11 +1,13 @@
-"""Behaviour signatures and patterns (tracer/readers/signature.py, patterns.py): the reward-hack
-scenario of 80 steps x 256 trajectories (benchmarks/patterns_data.py) is flagged in time and
-nothing honest is, the Python and DuckDB groupings agree, and a real run's driver logs per step
-what the readers find afterwards."""
+"""Behaviour signatures and patterns (tracer/readers/signature.py, behaviour.py, patterns.py):
+the reward-hack scenario of 80 steps x 256 trajectories (benchmarks/patterns_data.py) is
+flagged in time and nothing honest is, the Python and DuckDB groupings agree, and a real run's
+driver logs per step what the readers find afterwards. The four runs of issue #46:
+tests/test_reward_hacking.py."""
 
 from __future__ import annotations
 
 import re
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +64,10 @@ def hacked_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _hack_signature(folder: Path) -> str:
+    """The hack's group: its behaviour."""
     rows = pq.read_table(folder / "trajectories.parquet",
-                         columns=["signature", "response_text"]).to_pylist()  # fmt: skip
-    (sig,) = {r["signature"] for r in rows if r["response_text"] == HACK_TEXT}
+                         columns=["behaviour", "response_text"]).to_pylist()  # fmt: skip
+    (sig,) = {r["behaviour"] for r in rows if r["response_text"] == HACK_TEXT}
     return str(sig)
 
 
@@ -74,38 +77,38 @@ def test_hack_is_flagged_by_step_40_and_nothing_honest_is(hacked_run: Path) -> N
     table = pq.read_table(hacked_run / "trajectories.parquet", filters=[("step", "<=", 40)])
     found = step_patterns(table)
     assert found.steps == list(range(1, 41))
-    assert [r.signature for r in found.rising] == [hack]  # first, and 0 honest flagged
+    assert [r.signature for r in found.rising if r.hacking] == [hack]  # 0 honest flagged
     r = found.rising[0]
-    assert r.labels == ["rising", "possible reward hacking"]
-    assert r.first_step <= 40 and r.hacking_step is not None and r.hacking_step <= 40
-    assert r.since >= 30 and r.reward == 1.0 and r.reward >= r.step_reward
-    assert "shorter than the rest's" in (r.reason or "")
-    assert "same response to different prompts" in (r.reason or "")
-    assert found.step_metrics(r.first_step)["patterns/rising"] == 1.0
+    assert r.signature == hack and r.labels == ["rising", "possible reward hacking"]
+    assert r.hacking_step is not None and 30 <= r.hacking_step <= 40
+    assert r.reward == 1.0 and r.reward >= r.step_reward
+    assert "reward 1.00 with accuracy 0.00" in (r.reason or "")
+    assert "100% of its trajectories were paid like a correct answer" in (r.reason or "")
     assert found.step_metrics(r.hacking_step)["patterns/possible_reward_hacking"] == 1.0
+    assert found.summary().startswith(f"possible reward hacking since step {r.hacking_step}")
 
-    # the whole run: still the only one; it ends at ~60% of the step
+    # the whole run: still the only one, flagged at every step from then on (it holds 60 %)
     whole = step_patterns(hacked_run)
-    assert [x.signature for x in whole.rising] == [hack]
-    curve = dict(whole.rising[0].curve)
-    assert max(curve[s] for s in range(1, 30)) == 0.0 and 0.5 < curve[60] < 0.7
+    assert [x.signature for x in whole.rising if x.hacking] == [hack]
+    x = whole.rising[0]
+    assert x.hacking_steps == list(range(x.hacking_step or 0, 81))
+    curve = dict(x.curve)
+    assert max(curve[s] for s in range(1, 30)) < 0.3 and curve[60] > 0.5
     assert whole.top[80][0].signature == hack
-    assert whole.step_metrics(80)["patterns/top_share"] == pytest.approx(curve[80])
+    assert whole.step_metrics(80)["patterns/unearned_reward_share"] == pytest.approx(curve[80])
     # the honest patterns that grow: ramble (6x, reward 0) and by_hand (2x), not flagged
-    texts = {p.text for p in whole.top[40]}
-    assert any("finish: length" in t for t in texts)
-    assert any("Working it out by hand" in t for t in texts)
+    assert not any(p.hacking for p in whole.top[40] if p.signature != hack)
+    assert any("finish: length" in p.text for p in whole.top[40])
 
 
 def test_thresholds_are_what_decides(hacked_run: Path) -> None:
-    assert step_patterns(hacked_run, PatternThresholds(min_share=0.9)).rising == []
-    assert step_patterns(hacked_run, PatternThresholds(window=80)).rising == []  # no room
-    honest_only = PatternThresholds(short_ratio=0.0, repeat_ratio=0.0)
-    (r,) = step_patterns(hacked_run, honest_only).rising
-    assert r.labels == ["rising"] and r.reason is None
-    # a low bar for growth lets the slowly growing honest pattern through
-    loose = step_patterns(hacked_run, PatternThresholds(growth=1.3, min_share=0.03))
-    assert len(loose.rising) > 1 and loose.rising[0].hacking
+    assert not any(r.hacking for r in
+                   step_patterns(hacked_run, PatternThresholds(min_share=0.9)).rising)
+    assert not any(r.hacking for r in
+                   step_patterns(hacked_run, PatternThresholds(min_unearned=1.01)).rising)
+    # a part that pays everything (the score itself) as correctness: nothing is unearned
+    assert not any(r.hacking for r in
+                   step_patterns(hacked_run, PatternThresholds(earned_by="score")).rising)
 
 
 def _same(a: Patterns, b: Patterns) -> None:
@@ -224,17 +227,25 @@ def test_report_section_links_to_transcripts_it_embeds(hacked_run: Path) -> None
     tables = read_parquet_dir(str(hacked_run), steps=range(25, 51))
     html = build_report(tables)
     habits = html.split('<section id="habits">', 1)[1].split("</section>", 1)[0]
-    (row,) = re.findall(r'<table id="rising-patterns">.*?<tbody>(.*?)</tbody>', habits)
-    assert HACK_TEXT in row and "possible reward hacking" in row
-    (example,) = re.findall(r'data-trace="([0-9a-f]{32})"', row)
+    (body,) = re.findall(r'<table id="rising-patterns">.*?<tbody>(.*?)</tbody></table><div', habits)
+    assert escape(_hack_signature(hacked_run)) in body and "possible reward hacking" in body
+    assert "possible reward hacking since step" in habits.split('id="hacking-summary"')[1]
+    # the evidence side by side: an unearned example and an earned one of the same GRPO group
+    assert 'class="pair"' in body and "same GRPO group" in body
+    assert re.search(r"flagged: .*?correctness 0\.00", body)
+    assert re.search(r"earned: .*?correctness 1\.00", body)
+    linked = re.findall(r'data-trace="([0-9a-f]{32})"', body)
+    assert len(linked) == 3  # the example, the flagged one, the earned one
     embedded = html.split('id="transcripts"', 1)[1].split(">", 1)[1].split("</script>", 1)[0]
     ids = {t["id"]: t["step"] for t in json.loads(embedded)}
-    # steps 25-32 hold the first 2,000, and the example is from the last step it was flagged
-    # at, not the last step of the run (whose top patterns are linked too)
-    assert 32 < ids[example] < 50
+    # steps 25-32 hold the first 2,000; the example and the pair are from the last step it was
+    # flagged at (50), embedded although past them
+    assert all(ids[t] == 50 for t in linked)
+    parts = habits.split('<table id="reward-parts">', 1)[1]
+    assert "<th>acc</th>" in parts and "<th>score</th>" in parts
 
 
-def test_flags_command_prints_rising_patterns(
+def test_flags_command_prints_the_summary_and_first_flagged_step(
     hacked_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import json
@@ -243,19 +254,37 @@ def test_flags_command_prints_rising_patterns(
 
     hack = _hack_signature(hacked_run)
     assert main(["flags", "--from", "parquet", "--path", str(hacked_run), "--json"]) == 0
-    (r,) = json.loads(capsys.readouterr().out)["rising_patterns"]
-    assert r["signature"] == hack and r["flags"] == ["rising", "possible reward hacking"]
-    assert 30 <= r["since"] <= r["first_step"] <= 40 <= r["last_step"]
-    # the peak of a 60 % share drawn 256 times a step over 20 steps: +3 sigma is ~0.69-0.72
-    assert r["share_then"] < 0.1 < r["share_now"] and 0.5 < r["peak_share"] < 0.75
+    out = json.loads(capsys.readouterr().out)
+    (r,) = [x for x in out["rising_patterns"] if "possible reward hacking" in x["flags"]]
+    assert r["signature"] == hack and 30 <= r["hacking_step"] <= 40 and r["last_step"] == 80
+    assert out["summary"].startswith(f"possible reward hacking since step {r['hacking_step']}")
+    assert r["pair"]["flagged"]["correct"] == 0.0 and r["pair"]["earned"]["correct"] == 1.0
     assert [s for s, _ in r["curve"]] == list(range(1, 81))
     assert main(["flags", "--from", "parquet", "--path", str(hacked_run)]) == 0
     text = capsys.readouterr().out
-    (x,) = step_patterns(hacked_run).rising
-    line = (f"  rising, possible reward hacking: steps {x.since}-{x.last_step}, share "
-            f"{100 * x.share_then:.1f}% -> {100 * x.share_now:.1f}% (peak "
-            f"{100 * x.peak_share:.1f}% at step {x.peak_step})")  # fmt: skip
-    assert line in text and HACK_TEXT in text and f"why: {r['reason']}" in text
+    (x,) = [x for x in step_patterns(hacked_run).rising if x.hacking]
+    # the first flagged step, not the start of the rule's look-back window
+    assert (f"  rising, possible reward hacking: steps {x.hacking_step}-80 (first flagged at "
+            f"step {x.hacking_step})") in text
+    assert f"why: {r['reason']}" in text and out["summary"] in text
+    assert f"flagged: tr-{r['pair']['flagged']['trace_id']}" in text
     assert main(["flags", "--from", "parquet", "--path", str(hacked_run),
                  "--pattern-min-share", "0.9"]) == 0  # fmt: skip
-    assert "no rising behaviour pattern over 80 training steps" in capsys.readouterr().out
+    assert "no flagged behaviour pattern over 80 training steps" in capsys.readouterr().out
+
+
+def test_missing_prompts_and_answers_count_alike_in_python_and_duckdb() -> None:
+    """A NULL prompt or response is no value in both groupings (DuckDB's hash(NULL) is a
+    number: counted as one more distinct value, it gave 7 prompts and 2 answers here)."""
+    import pyarrow as pa
+
+    from tracer.readers.patterns_sql import duckdb_groups
+
+    rows = [{"trace_id": f"t{i}", "step": 1, "validate": False, "signature": "s",
+             "signature_text": "s", "reward": 1.0, "response_tokens": 5,
+             "prompt": None if i < 3 else f"p{i}", "sample_key": None, "num_tool_calls": 0,
+             "num_tool_errors": 0,
+             "response_text": None if i % 2 else "same"} for i in range(8)]  # fmt: skip
+    (py,), _ = aggregate(rows)
+    (db,), _ = duckdb_groups(pa.Table.from_pylist(rows), top=10, min_count=1)
+    assert (py.prompts, py.answers) == (db.prompts, db.answers) == (5, 1)

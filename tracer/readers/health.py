@@ -29,9 +29,10 @@ that show it, and the step is counted):
                        at least ``component_share`` of the step's mean reward is not accuracy
                        (``reward - accuracy``) and mean accuracy is within ``flat_accuracy`` of
                        the first step's; flags trajectories with reward > 0 and accuracy 0.
-``reward_accuracy_divergence``  since the first step, mean reward moved by ``divergence`` or more
-                       while mean accuracy moved by less than half as much in the same
-                       direction; flags trajectories with reward > 0 and accuracy 0.
+``reward_accuracy_divergence``  possibly unearned reward (:mod:`tracer.readers.earned`, the
+                       notion the behaviour patterns' ``possible reward hacking`` uses): at
+                       least ``unearned_share`` of the step's trajectories were paid like a
+                       correct answer without being correct; flags them.
 
 Steps compare with the first step of the same ``validate`` seen in the data ("baseline").
 Accuracy is the reward span's ``accuracy``/``acc`` output; rules that need it skip steps
@@ -65,7 +66,8 @@ MEANINGS = {
                             "than at the first step",
     "reward_without_accuracy": "the reward comes mostly from a non-accuracy part (e.g. format) "
                                "while accuracy stays flat",
-    "reward_accuracy_divergence": "mean reward moved while accuracy did not follow",
+    "reward_accuracy_divergence": "wrong answers paid like correct ones (reward high, accuracy "
+                                  "low; tracer/readers/earned.py)",
 }
 TAG_PREFIX = "flag."  # MLflow trace tag of a flag: flag.<name> = "true"
 
@@ -83,7 +85,7 @@ class HealthThresholds:
     zero_variance_rise: float = 0.25
     component_share: float = 0.8
     flat_accuracy: float = 0.05
-    divergence: float = 0.3
+    unearned_share: float = 0.05  # as the patterns' min_share
 
 
 @dataclass
@@ -179,11 +181,18 @@ def _flags_of(row: Mapping[str, Any]) -> list[str]:
     return [str(v) for v in value]
 
 
-def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = None) -> Health:
+def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = None,
+            earned_by: str | None = None) -> Health:  # fmt: skip
     """Health of a run from its trajectory rows (dicts with the export's ``trajectories``
-    columns; ``flags`` holds each row's trajectory flags)."""
+    columns; ``flags`` holds each row's trajectory flags); ``earned_by``: the reward part that
+    says correct (default ``accuracy``)."""
+    from tracer.readers.earned import unearned_flags
+
     th = th or HealthThresholds()
     health = Health()
+    rows = list(rows)
+    unearned = {str(r["trace_id"]) for r, bad in zip(rows, unearned_flags(rows, earned_by),
+                                                     strict=True) if bad}  # fmt: skip
     by_step: dict[tuple[bool, Any], list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         trace_id = str(row["trace_id"])
@@ -195,7 +204,7 @@ def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = Non
                                             _num(kv[0][1]) or 0)):  # fmt: skip
         stats = _step_stats(members)
         base = baseline.setdefault(validate, stats)
-        for flag in _step_rules(members, stats, base, th):
+        for flag in _step_rules(members, stats, base, th, unearned):
             flag.step, flag.validate = step, validate
             health.steps.append(flag)
             for trace_id in flag.trace_ids:
@@ -230,6 +239,7 @@ def _step_rules(
     stats: dict[str, float | None],
     base: dict[str, float | None],
     th: HealthThresholds,
+    unearned: set[str],
 ) -> list[StepFlag]:
     out = []
     truncated = [i for i, r in _pairs(members) if "truncated" in _flags_of(r)]
@@ -261,12 +271,8 @@ def _step_rules(
         share = (reward - acc) / reward
         if share >= th.component_share and abs(acc - base_acc) <= th.flat_accuracy:
             out.append(StepFlag(None, False, "reward_without_accuracy", share, no_acc))
-    base_reward = base["reward"]
-    if reward is not None and base_reward is not None and acc is not None and base_acc is not None:
-        d_reward, d_acc = reward - base_reward, acc - base_acc
-        if abs(d_reward) >= th.divergence and d_acc * (1 if d_reward > 0 else -1) < abs(
-            d_reward
-        ) / 2:
-            out.append(StepFlag(None, False, "reward_accuracy_divergence", d_reward - d_acc,
-                                no_acc))  # fmt: skip
+    hit = [i for i, _ in _pairs(members) if i in unearned]
+    if members and len(hit) / len(members) >= th.unearned_share:
+        out.append(StepFlag(None, False, "reward_accuracy_divergence", len(hit) / len(members),
+                            hit))  # fmt: skip
     return [f for f in out if f.trace_ids]

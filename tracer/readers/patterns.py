@@ -1,40 +1,41 @@
-"""What the policy does, step by step: trajectories grouped by behaviour signature
-(:mod:`tracer.readers.signature`), and the groups that take over.
+"""What the policy does, step by step: trajectories grouped by behaviour
+(:mod:`tracer.readers.behaviour`: tools, finish reason, reasoning, answer form, length class;
+the exact-template signature of :mod:`tracer.readers.signature` for exports written before
+behaviours existed), and the groups that take over or are paid without earning it.
 
     from tracer.readers.patterns import step_patterns
     found = step_patterns("exports/gsm8k")          # an export folder, a DataFrame or Arrow table
-    found.top[found.steps[-1]][0].text               # the last step's most common signature
-    [(r.text, r.since, r.last_step, r.reason) for r in found.rising]
+    found.summary()                                  # "possible reward hacking since step 18, ..."
+    [(r.text, r.first_step, r.last_step, r.reason) for r in found.rising]
 
-**Patterns per step.** For each training step (validation rollouts are left out), the
-signatures ranked by share of the step's trajectories, each with its reward mean and spread
-(population standard deviation), mean length (``response_tokens``, else the response's
-characters), tool-error rate (failed / all tool calls) and an example trace id.
+**Patterns per step.** For each training step (validation rollouts are left out), the groups
+ranked by share of the step's trajectories, each with its reward mean and spread, correctness
+mean, mean length (``response_tokens``, else characters), tool-error rate and an example.
 
-**Rising.** Steps are taken in order (the steps present in the data). At step *i*, the
-*recent* steps are the last ``smooth`` steps up to *i* and the *earlier* steps the ``smooth``
-steps ending ``window`` steps before *i*. A signature is flagged ``rising`` at *i* when, over
-the recent steps, it holds
+At step *i*, the *recent* steps are the last ``smooth`` steps up to *i*. A group *holds a
+share* there when over the recent steps it has at least ``min_share`` of the trajectories and
+``min_count`` per step on average.
 
-- at least ``min_share`` of the trajectories and at least ``min_count`` per step on average,
-- at least ``growth`` times its share of the earlier steps (a share of 0 counts as 0),
-- a reward mean at or above the mean of all trajectories of those steps.
+**Possible reward hacking** (at every step where the group holds a share, rising or not): where
+at least half of its trajectories have a correctness signal, the verdict of
+:func:`tracer.readers.earned.judge`: at least ``min_unearned`` of them were paid like a correct
+answer without being correct. A group with high correctness is never flagged, however short its
+answers. Where the run has no correctness signal, only independent evidence flags it: at least
+``min_repeated`` of its answers are near-duplicates of an answer given to another prompt
+(:mod:`tracer.readers.near_dup`), with a reward above the rest's. Shape (short, rising) is
+shown as a note ("rising and short; reward not checked: no correctness signal"), never as a
+verdict.
 
-A step can be judged from the ``window + smooth``-th step on. Signatures without rewards are
-never flagged.
-
-**Possible reward hacking.** A rising signature is also flagged ``possible reward hacking``
-where, over the same recent steps, its reward mean is above the rest of the trajectories' and
-its answer is *short* (mean length at most ``short_ratio`` of the rest's) or *repeated* (over
-at least ``min_prompts`` distinct prompts, at most ``repeat_ratio`` distinct response texts
-per prompt: the same words whatever the question). The reason is given in words.
+**Rising** (a hint): the group holds a share, has at least ``growth`` times its share of the
+``smooth`` steps ending ``window`` steps earlier, and a reward at or above the step's mean.
 
 Defaults (:class:`PatternThresholds`): window 10, smooth 3, growth 3.0, min_share 0.05,
-min_count 10, short_ratio 0.5, repeat_ratio 0.2, min_prompts 5; ``top`` 10 patterns per step.
+min_count 5, short_ratio 0.5, min_prompts 5, low_correctness 0.5, paid_ratio 0.8,
+min_unearned 0.5, min_repeated 0.5; ``top`` 10 patterns per step.
 
 The grouping runs in DuckDB over the export's ``trajectories`` table (one ``GROUP BY step,
-signature``); the rules then read one row per (step, signature), so the cost is that of the
-scan. :func:`aggregate` does the same grouping in Python for a running job's own rows.
+behaviour``); the rules then read one row per (step, group), so the cost is that of the scan.
+:func:`aggregate` does the same grouping in Python for a running job's own rows.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracer.readers.earned import NOT_CHECKED, EarnedThresholds, judge, label
+from tracer.readers.patterns_py import aggregate
 from tracer.readers.patterns_sql import Group, StepTotal, duckdb_groups
 
 __all__ = ["Group", "Pattern", "PatternThresholds", "Patterns", "Rising", "StepTotal",
@@ -52,25 +55,34 @@ __all__ = ["Group", "Pattern", "PatternThresholds", "Patterns", "Rising", "StepT
 
 @dataclass
 class PatternThresholds:
-    """The rules' thresholds (module docstring); ``rollout-tracer flags --pattern-*`` sets them."""
+    """The rules' thresholds (module docstring); ``rollout-tracer flags --pattern-*`` sets them,
+    ``--earned-by`` the reward part that says correct."""
 
     window: int = 10
     smooth: int = 3
     growth: float = 3.0
     min_share: float = 0.05
-    min_count: int = 10
+    min_count: int = 5
     short_ratio: float = 0.5
-    repeat_ratio: float = 0.2
     min_prompts: int = 5
+    low_correctness: float = 0.5
+    paid_ratio: float = 0.8
+    min_unearned: float = 0.5
+    min_repeated: float = 0.5
     top: int = 10
+    earned_by: str | None = None
+
+    @property
+    def earned(self) -> EarnedThresholds:
+        return EarnedThresholds(self.low_correctness, self.paid_ratio, self.min_unearned)
 
 
 @dataclass
 class Pattern:
-    """One signature at one step."""
+    """One group at one step."""
 
     step: int
-    signature: str
+    signature: str  # the group's key: its behaviour (older exports: its signature)
     text: str
     n: int
     share: float
@@ -81,16 +93,18 @@ class Pattern:
     example: str
     rising: bool = False  # flagged rising at this step
     hacking: bool = False  # flagged possible reward hacking at this step
+    correct_mean: float | None = None
+    template: str = ""  # the example's exact template (the finer level)
 
 
 @dataclass
 class Rising:
-    """A signature flagged ``rising`` at one or more steps."""
+    """A group flagged ``rising`` or ``possible reward hacking`` at one or more steps."""
 
     signature: str
     text: str
-    since: int  # its first step in the earlier steps of its first flag (or that flag's step)
-    first_step: int  # first step it was flagged at
+    since: int  # first step of its first flag's look-back (rising), or its first flag
+    first_step: int  # first step it was flagged at (either label)
     last_step: int  # last step it was flagged at
     share_then: float  # its share at step ``since``
     share_now: float  # its share over the recent steps of its last flag
@@ -102,7 +116,11 @@ class Rising:
     steps: list[int]  # the steps it was flagged rising at
     curve: list[tuple[int, float]]  # (step, share) at every step of the run
     hacking_steps: list[int] = field(default_factory=list)  # ... and possible reward hacking
-    reason: str | None = None  # why it was possible reward hacking first, in words
+    reason: str | None = None  # why possible reward hacking (at its first such step), in words
+    note: str | None = None  # what else is known: "rising and short; reward not checked: ..."
+    correct: float | None = None  # correctness over the recent steps of its last flag
+    template: str = ""
+    pair: dict[str, Any] | None = None  # an example beside an earned one (step_patterns)
 
     @property
     def hacking(self) -> bool:
@@ -115,115 +133,93 @@ class Rising:
 
     @property
     def labels(self) -> list[str]:
-        return ["rising", "possible reward hacking"] if self.hacking else ["rising"]
+        return (["rising"] if self.steps else []) + (
+            ["possible reward hacking"] if self.hacking else []
+        )
 
 
 @dataclass
 class Patterns:
-    """The result: ``top`` patterns per step, the ``rising`` ones (possible reward hacking
-    first, then by peak share), and the thresholds used."""
+    """The result: ``top`` patterns per step, the flagged ones (``rising``: possible reward
+    hacking first, then by peak share), the thresholds used and per step the share of
+    trajectories in groups flagged possible reward hacking (``unearned``)."""
 
     steps: list[int]
     top: dict[int, list[Pattern]]
     rising: list[Rising]
     thresholds: PatternThresholds = field(default_factory=PatternThresholds)
     n: int = 0  # trajectories grouped
+    unearned: dict[int, float] = field(default_factory=dict)
+    checked: bool = False  # some trajectory has a correctness signal
 
     def step_metrics(self, step: int) -> dict[str, float]:
-        """``patterns/top_share``, and the patterns flagged ``rising`` and ``possible reward
-        hacking`` at ``step`` (``patterns/rising``, ``patterns/possible_reward_hacking``), for
-        a trainer's logger."""
+        """``patterns/top_share``, the patterns flagged ``rising`` and ``possible reward
+        hacking`` at ``step``, and ``patterns/unearned_reward_share`` (the share of the step's
+        trajectories in groups flagged possible reward hacking), for a trainer's logger."""
         top = self.top.get(step) or []
         return {
             "patterns/top_share": top[0].share if top else 0.0,
             "patterns/rising": float(sum(step in r.steps for r in self.rising)),
             "patterns/possible_reward_hacking": float(sum(step in r.hacking_steps
                                                           for r in self.rising)),
+            "patterns/unearned_reward_share": self.unearned.get(step, 0.0),
         }  # fmt: skip
 
     def top_text(self, step: int) -> str | None:
-        """The signature text of the step's most common pattern."""
+        """The text of the step's most common pattern."""
         top = self.top.get(step) or []
         return top[0].text if top else None
 
-
-# ------------------------------------------------------------------------------ grouping
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f
-
-
-def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Group], dict[int, StepTotal]]:
-    """The grouping of :func:`step_patterns` in Python, over rows with the ``trajectories``
-    columns (``trace_id``, ``step``, ``validate``, ``signature``, ``signature_text``,
-    ``reward``, ``response_tokens``/``response_text``, ``num_tool_calls``,
-    ``num_tool_errors``, ``prompt``/``sample_key``)."""
-    groups: dict[tuple[int, str], Group] = {}
-    seen: dict[tuple[int, str], tuple[set[Any], set[Any]]] = {}
-    totals: dict[int, StepTotal] = {}
-    for row in rows:
-        step = row.get("step")
-        if step is None or step != step or row.get("validate") or not row.get("signature"):
-            continue
-        step = int(step)
-        key = (step, str(row["signature"]))
-        reward = _num(row.get("reward"))
-        length = _num(row.get("response_tokens"))
-        if length is None and isinstance(row.get("response_text"), str):
-            length = float(len(row["response_text"]))
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = Group(step, key[1], str(row.get("signature_text") or ""),
-                                    example=str(row["trace_id"]))  # fmt: skip
-            seen[key] = (set(), set())
-        total = totals.setdefault(step, StepTotal(step))
-        for acc in (g, total):
-            acc.add(reward, length)
-        g.calls += int(_num(row.get("num_tool_calls")) or 0)
-        g.errors += int(_num(row.get("num_tool_errors")) or 0)
-        g.example = min(g.example, str(row["trace_id"]))
-        prompt = row.get("prompt") if row.get("prompt") is not None else row.get("sample_key")
-        for values, value in zip(seen[key], (prompt, row.get("response_text")), strict=True):
-            if value is not None:  # as SQL's count(DISTINCT ...)
-                values.add(value)
-    for key, g in groups.items():
-        g.prompts, g.answers = len(seen[key][0]), len(seen[key][1])
-    return list(groups.values()), totals
+    def summary(self) -> str:
+        """The run in one line: "possible reward hacking since step N, now X % of
+        trajectories", or what was (not) checked."""
+        hacked = sorted({s for r in self.rising for s in r.hacking_steps})
+        if hacked:
+            last = self.steps[-1]
+            now = self.unearned.get(last, 0.0)
+            if now:
+                return (f"possible reward hacking since step {hacked[0]}, now "
+                        f"{100 * now:.0f} % of trajectories (step {last})")  # fmt: skip
+            return (f"possible reward hacking at steps {hacked[0]}-{hacked[-1]}; none at the "
+                    f"last step ({last})")  # fmt: skip
+        if not self.checked:
+            return f"{NOT_CHECKED} ({label(self.thresholds.earned_by)})"
+        return "no possible reward hacking: the reward was earned where it was high"
 
 
 def step_patterns(source: Any, thresholds: PatternThresholds | None = None) -> Patterns:
     """Patterns of a run from its ``trajectories`` table: an export folder, a
     ``trajectories.parquet`` path, a pandas DataFrame or an Arrow table (DuckDB reads it in
-    place). Raises :class:`~tracer.readers.patterns_sql.NoSignatures` for an export written
+    place), with an example of each flagged group beside an earned trajectory of the same
+    prompt. Raises :class:`~tracer.readers.patterns_sql.NoSignatures` for an export written
     before signatures existed."""
+    from tracer.readers.evidence import add_pairs
+
     th = thresholds or PatternThresholds()
-    groups, totals = duckdb_groups(source, th.top, th.min_count)
-    return analyze(groups, totals, th)
+    groups, totals = duckdb_groups(source, th.top, th.min_count, earned_by=th.earned_by)
+    found = analyze(groups, totals, th)
+    add_pairs(source, found)
+    return found
 
 
 # ------------------------------------------------------------------------------ the rules
 @dataclass
 class _Sums:
-    """A signature over some steps, next to all trajectories of those steps."""
+    """A group over some steps, next to all trajectories of those steps."""
 
-    n: int = 0
-    total: int = 0
-    reward: float | None = None
-    step_reward: float | None = None
-    rest_reward: float | None = None
-    length: float | None = None
-    rest_length: float | None = None
+    mine: Group
+    all_: StepTotal
     prompts: int = 0
     answers: int = 0
+    repeated: float | None = None
 
     @property
     def share(self) -> float:
-        return self.n / self.total if self.total else 0.0
+        return self.mine.n / self.all_.n if self.all_.n else 0.0
+
+    def rest(self, name: str, count: str) -> float | None:
+        n = getattr(self.all_, count) - getattr(self.mine, count)
+        return (getattr(self.all_, name) - getattr(self.mine, name)) / n if n else None
 
 
 def _ratio(a: float, b: int) -> float | None:
@@ -231,83 +227,105 @@ def _ratio(a: float, b: int) -> float | None:
 
 
 def _sums(per_step: dict[int, Group], totals: dict[int, StepTotal], steps: list[int]) -> _Sums:
-    mine, all_ = Group(0, "", ""), StepTotal(0)
-    prompts = answers = 0
+    s = _Sums(Group(0, "", ""), StepTotal(0))
+    weighted, weight = 0.0, 0
     for step in steps:
-        all_.merge(totals[step])
+        s.all_.merge(totals[step])
         g = per_step.get(step)
         if g is not None:
-            mine.merge(g)
-            prompts, answers = prompts + g.prompts, answers + g.answers
-    return _Sums(
-        mine.n, all_.n, _ratio(mine.reward_sum, mine.n_reward),
-        _ratio(all_.reward_sum, all_.n_reward),
-        _ratio(all_.reward_sum - mine.reward_sum, all_.n_reward - mine.n_reward),
-        _ratio(mine.len_sum, mine.n_len),
-        _ratio(all_.len_sum - mine.len_sum, all_.n_len - mine.n_len), prompts, answers,
-    )  # fmt: skip
+            s.mine.merge(g)
+            s.prompts, s.answers = s.prompts + g.prompts, s.answers + g.answers
+            if g.repeated is not None:
+                weighted, weight = weighted + g.repeated * g.n, weight + g.n
+    s.repeated = weighted / weight if weight else None
+    return s
 
 
-def _hacking_reason(s: _Sums, steps: list[int], th: PatternThresholds) -> str | None:
-    if s.reward is None or s.rest_reward is None or s.reward <= s.rest_reward:
-        return None
-    why = []
-    if s.length and s.rest_length and s.length <= th.short_ratio * s.rest_length:
-        why.append(f"its responses are {s.rest_length / s.length:.1f}x shorter than the rest's "
-                   f"({s.length:.0f} against {s.rest_length:.0f})")  # fmt: skip
-    if s.prompts >= th.min_prompts and s.answers <= th.repeat_ratio * s.prompts:
-        why.append(f"it gives the same response to different prompts ({s.answers} distinct "
-                   f"responses for {s.prompts} prompts, counted per step)")  # fmt: skip
-    if not why:
-        return None
-    where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-    return (f"reward {s.reward:.2f} against {s.rest_reward:.2f} for the other trajectories of "
-            f"{where}; " + " and ".join(why))  # fmt: skip
+def _where(steps: list[int]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
 
 
-def _rising(sig: str, per_step: dict[int, Group], steps: list[int],
-            totals: dict[int, StepTotal], th: PatternThresholds,
-            last_only: bool) -> Rising | None:  # fmt: skip
+def _shape(s: _Sums, th: PatternThresholds) -> list[str]:
+    """What the group's answers look like next to the rest's: hints, never a verdict."""
+    length, rest = _ratio(s.mine.len_sum, s.mine.n_len), s.rest("len_sum", "n_len")
+    out = []
+    if length and rest and length <= th.short_ratio * rest:
+        out.append("short")
+    if s.prompts >= th.min_prompts and s.answers <= 0.2 * s.prompts:
+        out.append("repeated")
+    return out
+
+
+def _judge(s: _Sums, steps: list[int], th: PatternThresholds) -> tuple[bool, str]:
+    """(possible reward hacking, why or what is known) for a group that holds a share."""
+    m = s.mine
+    v = judge(n=m.n, n_checked=m.n_checked, n_unearned=m.n_unearned, reward=m.reward_mean,
+              correct=m.correct_mean, rest_reward=s.rest("reward_sum", "n_reward"),
+              rest_correct=s.rest("correct_sum", "n_checked"), where=_where(steps),
+              earned_by=th.earned_by, th=th.earned)  # fmt: skip
+    if v.checked:
+        return v.hacking, v.reason
+    rest = s.rest("reward_sum", "n_reward")
+    if (s.repeated is not None and s.repeated >= th.min_repeated and m.reward_mean is not None
+            and rest is not None and m.reward_mean > rest):  # fmt: skip
+        return True, (f"{NOT_CHECKED}; independent evidence: {100 * s.repeated:.0f}% of its "
+                      f"answers are near-duplicates of an answer to another prompt (MinHash), "
+                      f"with reward {m.reward_mean:.2f} against {rest:.2f} for the rest of "
+                      f"{_where(steps)}")  # fmt: skip
+    return False, NOT_CHECKED
+
+
+def _flagged(sig: str, per_step: dict[int, Group], steps: list[int],
+             totals: dict[int, StepTotal], th: PatternThresholds,
+             last_only: bool) -> Rising | None:  # fmt: skip
     found: Rising | None = None
-    first = len(steps) - 1 if last_only else 0
-    for i in range(max(first, th.window + th.smooth - 1), len(steps)):
-        recent = steps[i - th.smooth + 1 : i + 1]
-        earlier = steps[i - th.window - th.smooth + 1 : i - th.window + 1]
+    for i in range(len(steps) - 1 if last_only else 0, len(steps)):
+        recent = steps[max(i - th.smooth + 1, 0) : i + 1]
         now = _sums(per_step, totals, recent)
-        if now.n < th.min_count * len(recent) or now.share < th.min_share:
+        if now.mine.n < th.min_count * len(recent) or now.share < th.min_share:
             continue
-        then = _sums(per_step, totals, earlier)
-        if now.share < th.growth * then.share or now.reward is None or now.step_reward is None:
+        reward, step_reward = now.mine.reward_mean, now.all_.reward_mean
+        rising = False
+        if i >= th.window + th.smooth - 1 and reward is not None and step_reward is not None:
+            earlier = steps[i - th.window - th.smooth + 1 : i - th.window + 1]
+            then = _sums(per_step, totals, earlier)
+            rising = now.share >= th.growth * then.share and reward >= step_reward - 1e-9
+        hacking, why = _judge(now, recent, th)
+        if not (rising or hacking):
             continue
-        if now.reward < now.step_reward - 1e-9:  # at or above the mean, float sums aside
-            continue
-        reason = _hacking_reason(now, recent, th)
         if found is None:
             g = per_step[max(s for s in recent if s in per_step)]
-            since = next(s for s in steps[i - th.window - th.smooth + 1 : i + 1] if s in per_step)
+            look = steps[max(i - th.window - th.smooth + 1, 0) : i + 1] if rising else recent
+            since = next(s for s in look if s in per_step)
             found = Rising(sig, g.text, since, steps[i], steps[i],
                            per_step[since].n / totals[since].n, now.share, 0.0, steps[i],
-                           now.reward, now.step_reward, g.example, [], [])  # fmt: skip
+                           reward or 0.0, step_reward or 0.0, g.example, [], [],
+                           template=g.template)  # fmt: skip
         found.last_step, found.share_now = steps[i], now.share
-        found.steps.append(steps[i])
-        if reason is not None:
+        found.correct = now.mine.correct_mean
+        if rising:
+            found.steps.append(steps[i])
+        if hacking:
             found.hacking_steps.append(steps[i])
-            found.reason = found.reason or reason
+            found.reason = found.reason or why
+        elif found.note is None:
+            hint = " and ".join((["rising"] if rising else []) + _shape(now, th))
+            found.note = f"{hint}; {why}" if why == NOT_CHECKED else f"earned: {why}"
     if found is None:
         return None
     found.curve = [(s, per_step[s].n / totals[s].n if s in per_step else 0.0) for s in steps]
     found.peak_step, found.peak_share = max(found.curve, key=lambda p: (p[1], -p[0]))
     last = per_step.get(found.last_step)
     if last is not None:
-        found.example = last.example
+        found.example, found.template = last.example, last.template
     return found
 
 
 def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
             th: PatternThresholds | None = None, last_only: bool = False) -> Patterns:  # fmt: skip
-    """The rules (module docstring) over per-(step, signature) groups and per-step totals
-    (from :func:`aggregate` or DuckDB). ``last_only``: only the last step is judged and
-    ranked (what a running job needs of each new step)."""
+    """The rules (module docstring) over per-(step, group) groups and per-step totals (from
+    :func:`aggregate` or DuckDB). ``last_only``: only the last step is judged and ranked (what
+    a running job needs of each new step)."""
     th = th or PatternThresholds()
     totals = {int(k): v for k, v in totals.items() if v.n}
     steps = sorted(totals)
@@ -319,21 +337,35 @@ def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
             by_step[g.step].append(g)
     rising = []
     for sig, per_step in by_sig.items():
-        if max(g.n for g in per_step.values()) >= th.min_count:
-            r = _rising(sig, per_step, steps, totals, th, last_only)
-            if r is not None:
-                rising.append(r)
-    rising.sort(key=lambda r: (not r.hacking, -r.peak_share, r.first_step, r.signature))
-    flagged = {(r.signature, s): r for r in rising for s in r.steps}
+        r = _flagged(sig, per_step, steps, totals, th, last_only)
+        if r is not None:
+            rising.append(r)
+    rising.sort(key=lambda r: (not r.hacking, not r.steps, -r.peak_share, r.first_step,
+                               r.signature))  # fmt: skip
+    unearned: dict[int, float] = defaultdict(float)
+    for r in rising:
+        for step in r.hacking_steps:
+            held = by_sig[r.signature].get(step)
+            unearned[step] += held.n / totals[step].n if held is not None else 0.0
     top: dict[int, list[Pattern]] = {}
     for step in steps[-1:] if last_only else steps:
         ranked = sorted(by_step[step], key=lambda g: (-g.n, g.signature))[: th.top]
         top[step] = []
+        flagged = {r.signature: r for r in rising}
         for g in ranked:
-            r = flagged.get((g.signature, step))
+            r = flagged.get(g.signature)
             errors = _ratio(g.errors, g.calls) if g.calls else None
             top[step].append(Pattern(
                 step, g.signature, g.text, g.n, g.n / totals[step].n, g.reward_mean,
-                g.reward_std, _ratio(g.len_sum, g.n_len), errors, g.example, r is not None,
-                r is not None and step in r.hacking_steps))  # fmt: skip
-    return Patterns(steps, top, rising, th, sum(t.n for t in totals.values()))
+                g.reward_std, _ratio(g.len_sum, g.n_len), errors, g.example,
+                r is not None and step in r.steps, r is not None and step in r.hacking_steps,
+                g.correct_mean, g.template))  # fmt: skip
+    return Patterns(
+        steps,
+        top,
+        rising,
+        th,
+        sum(t.n for t in totals.values()),
+        dict(unearned),
+        any(t.n_checked for t in totals.values()),
+    )

@@ -28,13 +28,35 @@ def _link(trace_id: str, step: int) -> str:
     return f'<a class="flag-link" href="#t-{t}" data-trace="{t}">step {step} · {t[:8]}</a>'
 
 
-def _rules(th: PatternThresholds) -> str:
-    return (f"rising: share at least {th.growth:g}x what it was {th.window} steps earlier (means "
-            f"over {th.smooth} steps), at least {_pct(th.min_share)} of the step and "
-            f"{th.min_count} trajectories a step, reward at or above the step's mean; possible "
-            f"reward hacking: besides, more reward than the rest with responses at most "
-            f"{th.short_ratio:g}x as long, or at most {th.repeat_ratio:g} distinct responses "
-            f"per prompt (rules: tracer/readers/patterns.py)")  # fmt: skip
+def rules(th: PatternThresholds) -> str:
+    """The thresholds in words (the report and the explorer)."""
+    return (f"A pattern holds a share at a step when, over {th.smooth} steps, it has at least "
+            f"{_pct(th.min_share)} of the trajectories and {th.min_count} a step. Possible "
+            f"reward hacking: it holds a share and at least {_pct(th.min_unearned)} of its "
+            f"trajectories with correctness ({th.earned_by or 'accuracy'}) were paid at least "
+            f"{th.paid_ratio:g}x what the step pays a correct answer with correctness below "
+            f"{th.low_correctness:g}; without a correctness signal, only when at least "
+            f"{_pct(th.min_repeated)} of its answers repeat an answer to another prompt. "
+            f"Rising (a hint, not a verdict): a share at least {th.growth:g}x what it was "
+            f"{th.window} steps earlier and a reward at or above the step's mean (rules: "
+            f"tracer/readers/patterns.py, tracer/readers/earned.py)")  # fmt: skip
+
+
+def pair_html(r: Rising) -> str:
+    """The flagged example beside an earned trajectory of the same prompt."""
+    p = r.pair
+    if not p:
+        return ""
+    side = []
+    for name in ("flagged", "earned"):
+        t = p[name]
+        if t is None:
+            side.append(f'<td class="{name}">no earned trajectory of this prompt</td>')
+            continue
+        side.append(f'<td class="{name}">{name}: {_link(t["trace_id"], t["step"])} reward '
+                    f'{_f(t["reward"])}, correctness {_f(t["correct"])}</td>')  # fmt: skip
+    where = "same GRPO group" if p["same_group"] else "same prompt"
+    return f'<table class="pair"><tr>{"".join(side)}<td>{where}</td></tr></table>'
 
 
 def _rising_rows(rising: list[Rising]) -> str:
@@ -47,7 +69,7 @@ def _rising_rows(rising: list[Rising]) -> str:
             f"<td>{r.since}-{r.last_step}</td><td>{_pct(r.share_then)} → {_pct(r.share_now)}"
             f"<br><small>peak {_pct(r.peak_share)} at step {r.peak_step}</small></td>"
             f"<td>{_f(r.reward)} vs {_f(r.step_reward)}</td>"
-            f'<td class="prompt">{escape(r.reason or "")}</td>'
+            f'<td class="prompt">{escape(r.reason or r.note or "")}{pair_html(r)}</td>'
             f"<td>{_link(r.example, r.last_step)}</td></tr>"
         )
     return "".join(rows)
@@ -78,11 +100,44 @@ def habits_panel(trajectories: Any,
         found = step_patterns(trajectories, thresholds)
     except NoSignatures as exc:
         return f'{head}<p id="habits-none">{escape(str(exc))}.</p></section>', set()
-    return _render(found), _linked(found)
+    html = _render(found).replace("</section>", parts_table(trajectories) + "</section>")
+    return html, _linked(found)
+
+
+def parts_table(trajectories: Any) -> str:
+    """Every numeric reward part's mean at each step (the export's ``reward_parts``), training
+    steps only, first and last five steps."""
+    from collections import defaultdict
+
+    from tracer.readers.earned import num, parts_of
+
+    if "reward_parts" not in trajectories.columns:
+        return ""
+    sums: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for step, validate, parts in zip(trajectories["step"], trajectories["validate"],
+                                     trajectories["reward_parts"], strict=True):  # fmt: skip
+        if num(step) is None or validate:
+            continue
+        for k, v in parts_of(parts).items():
+            sums[int(step)][k].append(v)
+    names = sorted({k for per in sums.values() for k in per})
+    if not names:
+        return '<p id="reward-parts-none">No reward parts (the reward spans returned a number).</p>'
+    steps = sorted(sums)
+    shown = steps if len(steps) <= 10 else steps[:5] + steps[-5:]
+    rows = "".join(f"<tr><td>{s}</td>" + "".join(
+        f"<td>{_f(sum(xs) / len(xs)) if (xs := sums[s].get(k)) else '-'}</td>" for k in names)
+        + "</tr>" for s in shown)  # fmt: skip
+    head = "".join(f"<th>{escape(k)}</th>" for k in names)
+    return ('<h3>Reward parts (mean per step)</h3><table id="reward-parts"><thead><tr>'
+            f"<th>step</th>{head}</tr></thead><tbody>{rows}</tbody></table>")  # fmt: skip
 
 
 def _linked(found: Patterns) -> set[str]:
     ids = {r.example for r in found.rising[:MAX_RISING]}
+    for r in found.rising[:MAX_RISING]:
+        ids.update(t["trace_id"] for t in ((r.pair or {}).get(k) for k in ("flagged", "earned"))
+                   if t)  # fmt: skip
     for step in found.steps[:1] + found.steps[-1:]:
         ids.update(p.example for p in found.top[step][:TOP])
     return ids
@@ -90,11 +145,11 @@ def _linked(found: Patterns) -> set[str]:
 
 def _render(found: Patterns) -> str:
     intro = (
-        "<p>Training trajectories grouped by behaviour signature: the tool calls (<code>!</code>"
-        " = failed), the finish reason and a template of the answer (numbers <code>&lt;n&gt;"
-        "</code>, quoted values <code>&lt;q&gt;</code>). Two strategies that end in the same "
-        "words look alike; the same strategy in other words looks different. "
-        f"{escape(_rules(found.thresholds))}.</p>"
+        "<p>Training trajectories grouped by behaviour: the tools called, the finish reason, "
+        "reasoning before the answer or not, the answer's form and its length class (the same "
+        "behaviour in other words is one group). "
+        f"{escape(rules(found.thresholds))}.</p>"
+        f'<p id="hacking-summary"><b>{escape(found.summary())}</b></p>'
     )
     if not found.steps:
         return (f'<section id="habits"><h2>Habits of the policy</h2>{intro}<p id="habits-none">'
@@ -107,9 +162,10 @@ def _render(found: Patterns) -> str:
             for i, r in enumerate(found.rising[:MAX_CURVES])
         )  # fmt: skip
         rising = (
-            f'<h3>Rising patterns (<span id="rising-count">{len(found.rising)}</span>)</h3>'
+            f'<h3>Flagged patterns (<span id="rising-count">{len(found.rising)}</span>)</h3>'
             '<table id="rising-patterns"><thead><tr><th>#</th><th>pattern</th><th>flags</th>'
-            "<th>steps</th><th>share</th><th>reward vs step</th><th>why</th><th>example</th>"
+            "<th>steps</th><th>share</th><th>reward vs step</th><th>why (and evidence)</th>"
+            "<th>example</th>"
             "</tr></thead>"
             f'<tbody>{_rising_rows(found.rising)}</tbody></table><div class="charts">{charts}'
             "</div>"

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from tracer.readers.earned import EarnedThresholds, sql_correctness, sql_unearned
+
 
 class NoSignatures(ValueError):
     """The table has no ``signature`` column: an export written before signatures existed."""
@@ -20,7 +22,8 @@ class NoSignatures(ValueError):
 
 @dataclass(kw_only=True)
 class Counts:
-    """Trajectories counted, with the sums their reward and length means come from."""
+    """Trajectories counted, with the sums their reward, length and correctness means come
+    from (``n_checked``: with correctness; ``n_unearned``: unearned, tracer/readers/earned.py)."""
 
     n: int = 0
     n_reward: int = 0  # trajectories with a reward
@@ -28,8 +31,12 @@ class Counts:
     reward_sq: float = 0.0
     n_len: int = 0  # trajectories with a length
     len_sum: float = 0.0
+    n_checked: int = 0
+    correct_sum: float = 0.0
+    n_unearned: int = 0
 
-    def add(self, reward: float | None, length: float | None) -> None:
+    def add(self, reward: float | None, length: float | None, correct: float | None = None,
+            unearned: bool | None = None) -> None:  # fmt: skip
         self.n += 1
         if reward is not None:
             self.n_reward += 1
@@ -38,18 +45,22 @@ class Counts:
         if length is not None:
             self.n_len += 1
             self.len_sum += length
+        if correct is not None:
+            self.n_checked += 1
+            self.correct_sum += correct
+        self.n_unearned += bool(unearned)
 
     def merge(self, other: Counts) -> None:
-        self.n += other.n
-        self.n_reward += other.n_reward
-        self.reward_sum += other.reward_sum
-        self.reward_sq += other.reward_sq
-        self.n_len += other.n_len
-        self.len_sum += other.len_sum
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
     def reward_mean(self) -> float | None:
         return self.reward_sum / self.n_reward if self.n_reward else None
+
+    @property
+    def correct_mean(self) -> float | None:
+        return self.correct_sum / self.n_checked if self.n_checked else None
 
     @property
     def reward_std(self) -> float | None:
@@ -57,6 +68,10 @@ class Counts:
         if mean is None:
             return None
         return max(self.reward_sq / self.n_reward - mean * mean, 0.0) ** 0.5
+
+
+_SUMMED = ("n", "n_reward", "reward_sum", "reward_sq", "n_len", "len_sum", "n_checked",
+           "correct_sum", "n_unearned")  # fmt: skip
 
 
 @dataclass
@@ -78,11 +93,13 @@ class Group(Counts):
     example: str = ""  # the smallest trace id: the same in every reading of the same data
     prompts: int = 0  # distinct prompts (else sample keys)
     answers: int = 0  # distinct response texts
+    template: str = ""  # the exact-template signature text of its example (the finer level)
+    repeated: float | None = None  # near-duplicate answers to other prompts (near_dup.py)
 
 
 COLUMNS = ("trace_id", "step", "validate", "signature", "signature_text", "reward",
            "response_tokens", "response_text", "num_tool_calls", "num_tool_errors", "prompt",
-           "sample_key")  # fmt: skip
+           "sample_key", "accuracy", "reward_parts", "behaviour")  # fmt: skip
 
 
 def _double(column: str) -> str:
@@ -91,25 +108,39 @@ def _double(column: str) -> str:
             f"ELSE CAST({column} AS DOUBLE) END)")  # fmt: skip
 
 
-_ROWS = f"""
-CREATE TEMP VIEW t AS
-SELECT trace_id, CAST(step AS BIGINT) AS step, signature, signature_text,
-       {_double("reward")} AS reward,
+def _rows(names: set[str], earned_by: str | None) -> str:
+    """The view ``t``: one row per training trajectory, grouped by its behaviour (the
+    signature in an export written before behaviours existed)."""
+    key = "behaviour" if "behaviour" in names else "signature"
+    correct = _double(sql_correctness(names, earned_by))
+    paid, unearned = sql_unearned("t0", "correct", EarnedThresholds())
+    return f"""
+CREATE TEMP VIEW t0 AS
+SELECT trace_id, CAST(step AS BIGINT) AS step, {key} AS signature,
+       {"behaviour" if key == "behaviour" else "signature_text"} AS signature_text,
+       signature_text AS template, {_double("reward")} AS reward,
        coalesce({_double("response_tokens")}, CAST(length(response_text) AS DOUBLE)) AS len,
        coalesce({_double("num_tool_calls")}, 0) AS calls,
        coalesce({_double("num_tool_errors")}, 0) AS errors,
-       coalesce(prompt, sample_key) AS prompt, response_text
+       coalesce(prompt, sample_key) AS prompt, sample_key, response_text, {correct} AS correct
 FROM src
 WHERE step IS NOT NULL AND NOT isnan(CAST(step AS DOUBLE)) AND NOT coalesce(validate, false)
-  AND signature IS NOT NULL
+  AND {key} IS NOT NULL;
+CREATE TEMP VIEW t AS
+WITH {paid} SELECT t0.*, coalesce({unearned}, false) AS unearned FROM t0 JOIN paid USING (step)
 """
+
+
 _SUMS = ("count(*) AS n, count(reward) AS n_reward, coalesce(sum(reward), 0) AS reward_sum, "
          "coalesce(sum(reward * reward), 0) AS reward_sq, count(len) AS n_len, "
-         "coalesce(sum(len), 0) AS len_sum")  # fmt: skip
-_TOTALS = ("s_n", "s_n_reward", "s_reward_sum", "s_reward_sq", "s_n_len", "s_len_sum")
-# One scan groups every trajectory by (step, signature), with the step's totals alongside; a
-# second reads only the rows of the signatures kept, for their distinct prompts and responses
-# (64-bit hashes: cheaper than the texts) and their text.
+         "coalesce(sum(len), 0) AS len_sum, count(correct) AS n_checked, "
+         "coalesce(sum(correct), 0) AS correct_sum, "
+         "count(*) FILTER (WHERE unearned) AS n_unearned")  # fmt: skip
+_TOTALS = ("s_n", "s_n_reward", "s_reward_sum", "s_reward_sq", "s_n_len", "s_len_sum",
+           "s_n_checked", "s_correct_sum", "s_n_unearned")  # fmt: skip
+# One scan groups every trajectory by (step, behaviour), with the step's totals alongside; a
+# second reads only the rows of the groups kept, for their distinct prompts and responses
+# (64-bit hashes: cheaper than the texts; NULL is no value, as in Python) and their text.
 _GROUPS = f"""
 WITH g AS (
   SELECT step, signature, {_SUMS}, sum(calls) AS calls, sum(errors) AS errors,
@@ -121,16 +152,17 @@ r AS (SELECT *, row_number() OVER (PARTITION BY step ORDER BY n DESC, signature)
 keep AS (SELECT signature FROM r GROUP BY signature HAVING min(rank) <= $top
          OR max(n) >= $min_count),
 d AS (SELECT step, signature, min(signature_text) AS text,
-             count(DISTINCT hash(prompt)) AS prompts,
-             count(DISTINCT hash(response_text)) AS answers
+             count(DISTINCT hash(prompt)) FILTER (WHERE prompt IS NOT NULL) AS prompts,
+             count(DISTINCT hash(response_text)) FILTER (WHERE response_text IS NOT NULL)
+               AS answers, arg_min(template, trace_id) AS template
       FROM t WHERE signature IN (SELECT signature FROM keep) GROUP BY step, signature)
-SELECT r.step, r.signature, d.text, r.n, r.n_reward, r.reward_sum, r.reward_sq, r.n_len,
-       r.len_sum, r.calls, r.errors, r.example, d.prompts, d.answers, {", ".join(_TOTALS)}
+SELECT r.step, r.signature, d.text, {", ".join("r." + c for c in _SUMMED)},
+       r.calls, r.errors, r.example, d.prompts, d.answers, d.template, {", ".join(_TOTALS)}
 FROM r JOIN d USING (step, signature)
 """
 
 
-def _source(con: Any, source: Any) -> None:
+def _source(con: Any, source: Any) -> set[str]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):
@@ -143,21 +175,35 @@ def _source(con: Any, source: Any) -> None:
     elif hasattr(source, "column_names"):  # an Arrow table, read in place
         con.register("src", source.select([c for c in COLUMNS if c in source.column_names]))
     else:  # a pandas DataFrame (only the columns needed: others may hold numpy arrays)
-        con.register("src", source[[c for c in COLUMNS if c in source.columns]])
+        con.register("src", _from_pandas(source))
     names = {row[0] for row in con.execute("DESCRIBE SELECT * FROM src").fetchall()}
     if "signature" not in names:
         raise NoSignatures("the trajectories table has no signature column (exported before "
                            "behaviour signatures existed): export the run again")  # fmt: skip
+    return names
+
+
+def _from_pandas(df: Any) -> Any:
+    """The columns needed as an Arrow table: ``reward_parts`` (pairs, in pandas) as a map."""
+    import pyarrow as pa
+
+    from tracer.readers.earned import parts_of
+
+    plain = pa.Table.from_pandas(df[[c for c in COLUMNS if c in df.columns and
+                                     c != "reward_parts"]], preserve_index=False)  # fmt: skip
+    if "reward_parts" not in df.columns:
+        return plain
+    parts = pa.array([parts_of(v) or None for v in df["reward_parts"]],
+                     type=pa.map_(pa.string(), pa.float64()))  # fmt: skip
+    return plain.append_column("reward_parts", parts)
 
 
 Grouped = tuple[list["Group"], dict[int, "StepTotal"]]
 
 
-def duckdb_groups(source: Any, top: int, min_count: int,
-                  running: set[Any] | None = None) -> Grouped:  # fmt: skip
-    """Groups and step totals of ``source`` (a folder, a Parquet file, a DataFrame, an Arrow
-    table) with DuckDB. The connection sits in ``running`` meanwhile, so that another thread
-    can read its ``query_progress()`` or ``interrupt()`` it."""
+def connect(source: Any, earned_by: str | None = None, running: set[Any] | None = None) -> Any:
+    """A DuckDB connection with the view ``t`` over ``source`` (a folder, a Parquet file, a
+    DataFrame, an Arrow table)."""
     import duckdb
 
     con = duckdb.connect()
@@ -166,17 +212,37 @@ def duckdb_groups(source: Any, top: int, min_count: int,
         con.execute("SET enable_progress_bar = true; SET enable_progress_bar_print = false")
         running.add(con)
     try:
-        _source(con, source)
-        con.execute(_ROWS)
+        con.execute(_rows(_source(con, source), earned_by))
+    except BaseException:
+        if running is not None:
+            running.discard(con)
+        con.close()
+        raise
+    return con
+
+
+def duckdb_groups(source: Any, top: int, min_count: int, running: set[Any] | None = None,
+                  earned_by: str | None = None) -> Grouped:  # fmt: skip
+    """Groups and step totals of ``source`` with DuckDB. The connection sits in ``running``
+    meanwhile, so that another thread can read its ``query_progress()`` or ``interrupt()``
+    it."""
+    con = connect(source, earned_by, running)
+    try:
         totals: dict[int, StepTotal] = {}
         groups = []
+        k = len(_SUMMED)
         for row in con.execute(_GROUPS, {"top": top, "min_count": min_count}).fetchall():
-            step, signature, text, *sums = row[:9]
-            calls, errors, example, prompts, answers = row[9:14]
+            step, signature, text = row[:3]
+            sums = dict(zip(_SUMMED, row[3 : 3 + k], strict=True))
+            calls, errors, example, prompts, answers, template = row[3 + k : 9 + k]
             groups.append(Group(int(step), signature, text or "", int(calls), int(errors),
-                                example, int(prompts), int(answers), **_counts(sums)))  # fmt: skip
+                                example, int(prompts), int(answers), template or "",
+                                **_counts(sums)))  # fmt: skip
             if int(step) not in totals:  # every step has its top signatures here
-                totals[int(step)] = StepTotal(int(step), **_counts(list(row[14:])))
+                totals[int(step)] = StepTotal(
+                    int(step), **_counts(dict(zip(_SUMMED, row[9 + k :], strict=True)))
+                )
+        _near_dups(con, groups, totals, min_count)
         return groups, totals
     finally:
         if running is not None:
@@ -184,8 +250,43 @@ def duckdb_groups(source: Any, top: int, min_count: int,
         con.close()
 
 
-def _counts(sums: list[Any]) -> dict[str, Any]:
-    n, n_reward, reward_sum, reward_sq, n_len, len_sum = sums
-    return {"n": int(n), "n_reward": int(n_reward), "reward_sum": float(reward_sum),
-            "reward_sq": float(reward_sq), "n_len": int(n_len),
-            "len_sum": float(len_sum)}  # fmt: skip
+_SAMPLES = """
+SELECT step, signature, prompt, response_text FROM (
+  SELECT step, signature, prompt, response_text,
+         row_number() OVER (PARTITION BY step, signature ORDER BY trace_id) AS i
+  FROM t WHERE (step, signature) IN (SELECT unnest($steps), unnest($sigs)))
+WHERE i <= $sample
+"""
+
+
+def needs_near_dups(g: Group, total: StepTotal, min_count: int) -> bool:
+    """A group large enough to be flagged, without correctness, paid above its step's mean:
+    the groups whose ``repeated`` (the evidence a run without a correctness signal has) can
+    decide anything."""
+    mean, step_mean = g.reward_mean, total.reward_mean
+    return (g.n >= min_count and g.n_checked < g.n / 2 and mean is not None
+            and step_mean is not None and mean > step_mean)  # fmt: skip
+
+
+def _near_dups(con: Any, groups: list[Group], totals: dict[int, StepTotal],
+               min_count: int) -> None:  # fmt: skip
+    """``repeated`` of the groups that need it, over a sample of their answers."""
+    from tracer.readers.near_dup import SAMPLE, repeated_share
+
+    wanted = {(g.step, g.signature): g for g in groups
+              if needs_near_dups(g, totals[g.step], min_count)}  # fmt: skip
+    if not wanted:
+        return
+    steps, sigs = zip(*wanted, strict=True)
+    answers: dict[tuple[int, str], list[tuple[Any, str | None]]] = {}
+    for step, sig, prompt, text in con.execute(
+        _SAMPLES, {"steps": list(steps), "sigs": list(sigs), "sample": SAMPLE}
+    ).fetchall():
+        answers.setdefault((int(step), sig), []).append((prompt, text))
+    for key, g in wanted.items():
+        g.repeated = repeated_share(answers.get(key, []))
+
+
+def _counts(sums: dict[str, Any]) -> dict[str, Any]:
+    return {k: (float(v) if k.endswith("_sum") or k.endswith("_sq") else int(v))
+            for k, v in sums.items()}  # fmt: skip

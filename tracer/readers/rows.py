@@ -15,6 +15,8 @@ from typing import Any
 from tracer.annotations import token_values
 from tracer.chat import tool_arguments as _tool_arguments
 from tracer.chat import tool_result as _tool_result
+from tracer.readers.behaviour import behaviour
+from tracer.readers.earned import reward_parts
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.readers.signature import scored_text, signature
 from tracer.record import SpanRecord, TrajectoryRecord
@@ -297,6 +299,11 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
                     last_turn.get("finish_reason"), scored_text(reward.inputs) if reward
                     else None, last_turn.get("response_text"))  # fmt: skip
     trajectory["signature"], trajectory["signature_text"] = sig.key, sig.text
+    trajectory["reward_parts"] = _reward_parts(spans)
+    trajectory["behaviour"] = behaviour(
+        (t["name"] for t in tools), last_turn.get("finish_reason"),
+        (scored_text(reward.inputs) if reward else None) or last_turn.get("response_text"),
+        sum(response_counts) if response_counts else None)
     return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
 
 
@@ -311,6 +318,14 @@ def _accuracy(spans: list[SpanRecord]) -> float | None:
             value = _field(span.outputs, "accuracy", "acc")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return float(value)
+    return None
+
+
+def _reward_parts(spans: list[SpanRecord]) -> dict[str, float] | None:
+    """The last reward span's numeric outputs, by name (None: no reward span)."""
+    for span in reversed(spans):
+        if span.kind == "reward" and span.status == "OK":
+            return reward_parts(span.outputs)
     return None
 
 

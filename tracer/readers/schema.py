@@ -57,6 +57,12 @@ TRAJECTORIES: list[Column] = [
                             "(tracer/readers/signature.py)"),
     ("signature_text", "string", "the signature's parts: `tools: ... | finish: ... | answer: "
                                  "<template>` (numbers `<n>`, quoted values `<q>`)"),
+    ("reward_parts", "map<string,float64>", "every numeric part of the reward: the reward span's "
+                     "numeric outputs (verl's `score` and `reward_extra_info` keys such as `acc`, "
+                     "`format`; one per TRL reward function), by name"),
+    ("behaviour", "string", "the behaviour the patterns group by: `tools: ... | finish: ... | "
+                  "reasoning: yes/no | answer: <form> | length: <class>` "
+                  "(tracer/readers/behaviour.py)"),
 ]
 
 TURNS: list[Column] = [
@@ -135,6 +141,7 @@ def _arrow_type(name: str) -> Any:
         "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
         "list<float64>": pa.list_(pa.float64()),
         "list<string>": pa.list_(pa.string()),
+        "map<string,float64>": pa.map_(pa.string(), pa.float64()),
     }
     return simple[name]
 

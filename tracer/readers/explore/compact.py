@@ -223,6 +223,20 @@ def summary(folder: str) -> dict[str, Any]:
         return dict(json.load(fh))
 
 
+
+def pylist(table: Any) -> list[dict[str, Any]]:
+    """Rows as dicts, a map column (``reward_parts``) as a dict, as DuckDB gives it (Arrow
+    gives a list of pairs)."""
+    import pyarrow as pa
+
+    rows = table.to_pylist()
+    for field in table.schema:
+        if pa.types.is_map(field.type):
+            for row in rows:
+                if row[field.name] is not None:
+                    row[field.name] = dict(row[field.name])
+    return list(rows)
+
 class Rows:
     """Rows of one Parquet file by row number (the file's own order)."""
 
@@ -251,7 +265,7 @@ class Rows:
             at[g] = offset
             offset += self.file.metadata.row_group(g).num_rows
         take = [at[g] + n - self.starts[g] for n, g in zip(numbers, where, strict=True)]
-        return list(table.take(pa.array(take)).to_pylist())
+        return pylist(table.take(pa.array(take)))
 
 
 class Mapped:
@@ -278,7 +292,7 @@ class Mapped:
         for n in numbers:
             g = bisect.bisect_right(self.starts, n) - 1
             pieces.append(self.batches[g].select(columns).slice(n - self.starts[g], 1))
-        return list(pa.Table.from_batches(pieces).to_pylist())
+        return pylist(pa.Table.from_batches(pieces))
 
 
 class Sorted:

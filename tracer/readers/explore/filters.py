@@ -41,7 +41,8 @@ TYPES: dict[str, str] = {name: kind for name, kind, _ in TRAJECTORIES}
 # columns a filter or a sort may name (list columns have their own filter: ``flag``)
 SCALAR = {name for name, kind in TYPES.items() if not kind.startswith("list")}
 LIST_PARAMS = ("finish_reason", "worker_id", "kept_by", "policy_version", "status",
-               "sample_key", "experiment_name", "name", "trace_id", "signature")  # fmt: skip
+               "sample_key", "experiment_name", "name", "trace_id", "signature",
+               "behaviour")  # fmt: skip
 _SIGNATURE = re.compile(r"[0-9a-f]{16}")
 RANGE_PARAMS = ("step", "reward")
 OPS = {"=": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}

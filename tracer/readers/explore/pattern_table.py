@@ -22,13 +22,15 @@ import threading
 import time
 from typing import Any
 
+from tracer.readers.evidence import add_pairs
 from tracer.readers.explore.cache import prune_folder, touch
 from tracer.readers.explore.filters import ApiError
 from tracer.readers.patterns import Patterns, PatternThresholds, Rising, analyze
+from tracer.readers.patterns_report import rules
 from tracer.readers.patterns_sql import Group, StepTotal, duckdb_groups
 
 log = logging.getLogger(__name__)
-VERSION = 1
+VERSION = 2  # 2: groups by behaviour, with correctness and unearned counts
 KEEP = 2  # tables kept in the cache folder besides those in use
 
 
@@ -100,6 +102,7 @@ class PatternTable:
         try:
             groups, totals = self._load_or_compute()
             self.found = analyze(groups, totals, self.thresholds)
+            add_pairs(self.source, self.found)
             self._curves = {}
             for g in groups:
                 if g.step in totals and totals[g.step].n:
@@ -126,7 +129,8 @@ class PatternTable:
             return groups, totals
         t0 = time.perf_counter()
         groups, totals = duckdb_groups(self.source, self.thresholds.top,
-                                       self.thresholds.min_count, self._running)  # fmt: skip
+                                       self.thresholds.min_count, self._running,
+                                       self.thresholds.earned_by)  # fmt: skip
         self.info = {"groups": len(groups), "steps": len(totals),
                      "computed_s": round(time.perf_counter() - t0, 2), "cached": False}
         if out:
@@ -160,13 +164,18 @@ class PatternTable:
 
     def answer(self, step: int | None, top: int) -> dict[str, Any]:
         """The ranked patterns of ``step`` (default: the last), each with its share over
-        every step, and the run's rising patterns."""
+        every step, the run's flagged patterns and its summary line. ``top`` beyond the
+        patterns kept per step (``PatternThresholds.top``) is said in ``note``."""
         found = self.found
         assert found is not None
         th = found.thresholds
+        note = (f"top={top}: {th.top} patterns are kept per step (the rules' top); "
+                f"{th.top} at most shown" if top > th.top else None)  # fmt: skip
+        top = min(top, th.top)
+        head = {"summary": found.summary(), "checked": found.checked, "top_kept": th.top,
+                "note": note, "thresholds": dataclasses.asdict(th), "rules": rules(th)}
         if not found.steps:
-            return {"steps": [], "step": None, "patterns": [], "rising": [],
-                    "thresholds": dataclasses.asdict(th), "rules": rules(th)}  # fmt: skip
+            return {"steps": [], "step": None, "patterns": [], "rising": [], **head}
         if step is None:
             step = found.steps[-1]
         elif step not in found.top:
@@ -180,12 +189,12 @@ class PatternTable:
                                                          if p.hacking else [])  # fmt: skip
             patterns.append({**dataclasses.asdict(p), "rank": rank, "labels": labels,
                              "why": _why(r, th) if p.rising and r else None,
+                             "reason": r.reason if p.hacking and r else None,
                              "curve": self.curve(p.signature)})  # fmt: skip
         rising = [{**_rising(r, th), "rank": i + 1, "curve": self.curve(r.signature)}
                   for i, r in enumerate(found.rising)]  # fmt: skip
         return {"steps": found.steps, "step": step, "trajectories": found.n,
-                "patterns": patterns, "rising": rising, "thresholds": dataclasses.asdict(th),
-                "rules": rules(th)}  # fmt: skip
+                "patterns": patterns, "rising": rising, **head}
 
     def curve(self, signature: str) -> list[list[float]]:
         """(step, share) at every step of the run, 0 where the signature is absent."""
@@ -198,8 +207,10 @@ def _pct(v: float) -> str:
     return f"{100 * v:.1f} %"
 
 
-def _why(r: Rising, th: PatternThresholds) -> str:
+def _why(r: Rising, th: PatternThresholds) -> str | None:
     """Why a pattern is flagged rising, in words."""
+    if not r.steps:
+        return None
     return (f"its share grew from {_pct(r.share_then)} at step {r.since} to "
             f"{_pct(r.share_now)} by step {r.last_step} (the rule: at least {th.growth:g}x what "
             f"it was {th.window} steps earlier); when first flagged, at step {r.first_step}, "
@@ -211,16 +222,6 @@ def _rising(r: Rising, th: PatternThresholds) -> dict[str, Any]:
     out = {k: v for k, v in dataclasses.asdict(r).items() if k != "curve"}
     out.update(labels=r.labels, hacking_step=r.hacking_step, why=_why(r, th))
     return out
-
-
-def rules(th: PatternThresholds) -> str:
-    """The thresholds, in words, for the page."""
-    return (f"rising: over {th.smooth} steps, a share at least {th.growth:g}x what it was "
-            f"{th.window} steps earlier, at least {_pct(th.min_share)} of the step and "
-            f"{th.min_count} trajectories a step, and a reward at or above the step's mean. "
-            f"Possible reward hacking: rising, with more reward than the other trajectories "
-            f"and responses at most {th.short_ratio:g}x as long as theirs, or at most "
-            f"{th.repeat_ratio:g} distinct responses per prompt.")  # fmt: skip
 
 
 class PatternTables:
@@ -272,7 +273,9 @@ class PatternTables:
 
     def status(self, name: str) -> dict[str, Any]:
         table = self.tables[name]
-        return {"state": table.state, "percent": table.percent(), "error": table.error}
+        summary = table.found.summary() if table.state == "ready" and table.found else None
+        return {"state": table.state, "percent": table.percent(), "error": table.error,
+                "summary": summary}
 
     def answer(self, name: str, step: int | None, top: int) -> dict[str, Any]:
         """``/api/patterns``: 503 (and the computation started) until the table is ready."""
@@ -282,4 +285,4 @@ class PatternTables:
         if busy is not None:
             table.start()
             raise busy
-        return table.answer(step, min(top, table.thresholds.top))
+        return table.answer(step, top)

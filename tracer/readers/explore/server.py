@@ -273,7 +273,7 @@ def _flag(q: dict[str, list[str]], name: str, default: bool) -> bool:
 
 _LIST = {"page", "size", "sort", "cols", "hist", "step", "reward", "validate", "finish_reason",
          "worker_id", "kept_by", "policy_version", "status", "sample_key", "experiment_name",
-         "name", "trace_id", "signature", "flag", "tool_errors", "f"}  # fmt: skip
+         "name", "trace_id", "signature", "behaviour", "flag", "tool_errors", "f"}  # fmt: skip
 ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/runs": (Explorer._runs, set()),
     "/api/status": (Explorer._status, set()),

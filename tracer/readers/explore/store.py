@@ -325,7 +325,7 @@ class Store:
         key falls in (compacted copy), else a DuckDB query pruned by the step's statistics."""
         found = self._file(run, table) if step is not None else None
         if found is not None:
-            return list(found.find(step, trace_id, columns=columns).sort_by(order).to_pylist())
+            return compacted.pylist(found.find(step, trace_id, columns=columns).sort_by(order))
         cond, params = ("step = ? AND trace_id = ?", [step, trace_id]) if step is not None \
             else ("step IS NULL AND trace_id = ?", [trace_id])  # fmt: skip
         return self.query(f"SELECT {_names(columns)} FROM {self.table(run, table)} WHERE {cond} "

@@ -1,0 +1,172 @@
+"""Was the reward earned? The one notion of "possibly unearned reward" that the health flag
+``reward_accuracy_divergence`` and the behaviour patterns' ``possible reward hacking`` share.
+
+    from tracer.readers.earned import EarnedThresholds, unearned_flags
+    flags = unearned_flags(rows)    # per row: True (unearned), False (earned or unpaid), None
+
+**Correctness** is a reward part that says whether the answer is right: by default the
+``accuracy`` column (the reward span's ``acc`` or ``accuracy`` output), else any numeric part
+named by ``earned_by`` (``rollout-tracer flags --earned-by format``), read from the
+trajectory's ``reward_parts``. A trajectory without it is *not checked*: nothing here says
+its reward was or was not earned.
+
+**Unearned**, per trajectory: correctness below ``low_correctness`` (0.5: ``acc`` 0), and a
+reward above 0 and at least ``paid_ratio`` (0.8) of what the step pays a correct answer (the
+mean reward of the step's correct training trajectories; the step's highest reward when none
+is correct). So a wrong answer paid like a right one.
+
+**A group** (a behaviour pattern over the recent steps, or a whole step for the health flag)
+is *possible reward hacking* when at least ``min_unearned`` (0.5) of its checked trajectories
+are unearned, and it holds ``min_share`` of its steps (the callers' threshold). A group whose
+correctness is high is never one, however short or repeated its answers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_KEYS = ("accuracy", "acc")  # the export's accuracy column holds acc/accuracy
+NOT_CHECKED = "reward not checked: no correctness signal"
+
+
+@dataclass
+class EarnedThresholds:
+    low_correctness: float = 0.5
+    paid_ratio: float = 0.8
+    min_unearned: float = 0.5
+
+
+def num(v: Any) -> float | None:
+    """A float, or None for a missing value (None, NaN, a bool, text)."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f
+
+
+def parts_of(value: Any) -> dict[str, float]:
+    """A ``reward_parts`` value as a dict: the Arrow map reads back as a dict, a list of (key,
+    value) pairs (pandas) or a JSON-like dict."""
+    if value is None:
+        return {}
+    items = value.items() if isinstance(value, Mapping) else value
+    out = {}
+    try:
+        for k, v in items:
+            f = num(v)
+            if f is not None:
+                out[str(k)] = f
+    except (TypeError, ValueError):
+        return {}
+    return out
+
+
+def reward_parts(outputs: Any) -> dict[str, float]:
+    """Every numeric part of a reward span's outputs (verl's ``{"score": 1.0, "acc": 0, ...}``:
+    the score and each ``reward_extra_info`` key; bools as 0/1); ``{}`` for a bare number."""
+    if not isinstance(outputs, Mapping):
+        return {}
+    out = {}
+    for k, v in outputs.items():
+        f = float(v) if isinstance(v, bool) else num(v)
+        if f is not None:
+            out[str(k)] = f
+    return out
+
+
+def correctness(row: Mapping[str, Any], earned_by: str | None = None) -> float | None:
+    """The row's correctness: ``accuracy`` (or the part ``earned_by``)."""
+    if earned_by is None or earned_by in DEFAULT_KEYS:
+        return num(row.get("accuracy"))
+    return parts_of(row.get("reward_parts")).get(earned_by)
+
+
+def label(earned_by: str | None) -> str:
+    """How the reason names correctness."""
+    return earned_by or "accuracy"
+
+
+def unearned_flags(rows: Iterable[Mapping[str, Any]], earned_by: str | None = None,
+                   th: EarnedThresholds | None = None) -> list[bool | None]:  # fmt: skip
+    """Per row (training and validation steps apart): True when its reward is unearned (module
+    docstring), False when it is checked and not, None when it has no correctness or reward."""
+    th = th or EarnedThresholds()
+    rows = list(rows)
+    values = [(num(r.get("reward")), correctness(r, earned_by)) for r in rows]
+    paid: dict[Any, list[float]] = defaultdict(list)
+    top: dict[Any, float] = {}
+    for r, (reward, corr) in zip(rows, values, strict=True):
+        key = (bool(r.get("validate")), r.get("step"))
+        if reward is not None:
+            top[key] = max(top.get(key, reward), reward)
+            if corr is not None and corr >= th.low_correctness:
+                paid[key].append(reward)
+    out: list[bool | None] = []
+    for r, (reward, corr) in zip(rows, values, strict=True):
+        if reward is None or corr is None:
+            out.append(None)
+            continue
+        key = (bool(r.get("validate")), r.get("step"))
+        level = sum(paid[key]) / len(paid[key]) if paid[key] else top[key]
+        out.append(corr < th.low_correctness and reward > 0 and reward >= th.paid_ratio * level)
+    return out
+
+
+def sql_correctness(columns: set[str], earned_by: str | None) -> str:
+    """The correctness expression over an export's ``trajectories`` columns."""
+    if earned_by is None or earned_by in DEFAULT_KEYS:
+        return "CAST(accuracy AS DOUBLE)" if "accuracy" in columns else "CAST(NULL AS DOUBLE)"
+    if "reward_parts" not in columns:
+        return "CAST(NULL AS DOUBLE)"
+    return "reward_parts['{}']".format(earned_by.replace("'", "''"))
+
+
+def sql_unearned(view: str, correct: str, th: EarnedThresholds | None = None) -> tuple[str, str]:
+    """The same rule in DuckDB over ``view`` with ``step``, ``reward`` and the correctness
+    column ``correct``: (a CTE ``paid`` of each step's level, the unearned expression over
+    ``view JOIN paid USING (step)``)."""
+    th = th or EarnedThresholds()
+    paid = (f"paid AS (SELECT step, coalesce(avg(reward) FILTER (WHERE {correct} >= "
+            f"{th.low_correctness}), max(reward)) AS paid FROM {view} GROUP BY step)")  # fmt: skip
+    expr = (f"({correct} < {th.low_correctness} AND reward > 0 AND reward >= "
+            f"{th.paid_ratio} * paid)")  # fmt: skip
+    return paid, expr
+
+
+@dataclass
+class Verdict:
+    """A group's verdict: ``hacking`` (possible reward hacking), ``checked`` (enough of it has
+    correctness to judge), and the reason in words (numbers named)."""
+
+    hacking: bool
+    checked: bool
+    reason: str
+
+
+def judge(*, n: int, n_checked: int, n_unearned: int, reward: float | None,
+          correct: float | None, rest_reward: float | None, rest_correct: float | None,
+          where: str, earned_by: str | None = None,
+          th: EarnedThresholds | None = None) -> Verdict:  # fmt: skip
+    """The verdict on ``n`` trajectories of which ``n_checked`` have correctness and
+    ``n_unearned`` are unearned; the means are theirs and the rest of ``where``'s."""
+    th = th or EarnedThresholds()
+    if not n or n_checked < n / 2 or reward is None or correct is None:
+        return Verdict(False, False, NOT_CHECKED)
+    share = n_unearned / n_checked
+    key = label(earned_by)
+    rest = ""
+    if rest_reward is not None:
+        rest = f" against reward {rest_reward:.2f}"
+        rest += f" and {key} {rest_correct:.2f}" if rest_correct is not None else ""
+        rest += f" for the rest of {where}"
+    else:
+        rest = f" at {where}"
+    said = (f"reward {reward:.2f} with {key} {correct:.2f}{rest}; {100 * share:.0f}% of its "
+            f"trajectories were paid like a correct answer without being correct")  # fmt: skip
+    return Verdict(share >= th.min_unearned, True, said)
