@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
+
 from tracer.backends.otel_spans import encode_all_json, span_attributes
 from tracer.record import TrajectoryRecord
 
@@ -66,6 +68,15 @@ class RowBuilder:
         self.artifact_location = artifact_location
         self.trace_id_of = trace_id_of
         self.reward_name = reward_name
+
+    def _content(self, translated: dict[str, Any]) -> str:
+        """The span's content JSON: orjson (a fifth of the stdlib's cost on ~1 KB spans), the
+        same JSON value as MLflow's ``json.dumps(..., cls=TraceJSONEncoder)``; anything orjson
+        does not take as it is (a non-JSON object, a huge int) goes through MLflow's encoder."""
+        try:
+            return orjson.dumps(translated).decode()
+        except TypeError:
+            return json.dumps(translated, cls=self.m.TraceJSONEncoder, ensure_ascii=False)
 
     def reward_row(self, t: TraceRows, now_ms: int) -> dict[str, Any]:
         """What ``SqlAssessments.from_mlflow_entity`` makes of the reward ``Feedback``."""
@@ -146,7 +157,7 @@ class RowBuilder:
                     "status": status,
                     "start_time_unix_nano": span.start_ns,
                     "end_time_unix_nano": span.end_ns,
-                    "content": json.dumps(translated, cls=m.TraceJSONEncoder, ensure_ascii=False),
+                    "content": self._content(translated),
                     "input_cost": m.finite_float_or_none(cost.get("input_cost")),
                     "output_cost": m.finite_float_or_none(cost.get("output_cost")),
                     "total_cost": m.finite_float_or_none(cost.get("total_cost")),
