@@ -1,19 +1,24 @@
-"""A batch's rows into PostgreSQL the way PostgreSQL loads fastest: ``COPY``, then one
-``INSERT ... SELECT`` per table.
+"""A batch's rows into PostgreSQL the way PostgreSQL loads fastest: ``COPY``.
 
 Per batch, inside the writer's transaction:
 
-1. the rows of each table go into a temporary staging table of the session (created once per
-   connection with only the columns written, emptied at commit) by one ``COPY ... FROM STDIN``
-   in text format (psycopg2's ``copy_expert``), one round trip per table;
-2. ``INSERT INTO trace_info ... SELECT ... ON CONFLICT DO NOTHING RETURNING request_id`` says which
-   traces this batch created. Only those get their tags, metadata and spans (the first record
-   stored wins, as on MLflow's own path, even when two writers race on one id);
-3. the reward goes in unless its trace already has an assessment of that name, whichever path
-   wrote it (looked up by name, ``NOT EXISTS``); ``ON CONFLICT DO NOTHING`` on every insert.
+1. the batch's ``trace_info`` rows go into a temporary staging table of the session (created
+   once per connection, emptied at commit) by one ``COPY ... FROM STDIN`` in text format
+   (psycopg2's ``copy_expert``); ``INSERT INTO trace_info ... SELECT ... ON CONFLICT DO NOTHING
+   RETURNING request_id`` then says which traces this batch created. A trace already stored
+   (a replay, a retry, another writer first) is skipped: the first record stored wins, as on
+   MLflow's own path;
+2. the tags, metadata and spans of the created traces are COPYed straight into MLflow's
+   tables. They cannot conflict: a trace's rows are written only in the transaction that
+   created its ``trace_info`` row (here and on MLflow's own path), and a second writer of the
+   same id waits on that row's unique index, then finds it stored;
+3. the rewards go through a staging table too, and in unless the trace already has an
+   assessment of that name, whichever path wrote it (``NOT EXISTS``, ``ON CONFLICT DO
+   NOTHING``).
 
-The staging tables have no index and no constraint, so COPY costs PostgreSQL little more than the
-parse; the indexes of MLflow's tables are maintained once, by the INSERT ... SELECT.
+Why not stage every table: the profile (docs/scale-out.md) showed PostgreSQL spending as much
+on the staging copy of the spans (~1 KB of JSON each) and the ``INSERT ... SELECT`` out of it
+as on the multi-row ``VALUES`` insert it replaced; spans written once cost it about half.
 """
 
 from __future__ import annotations
@@ -36,47 +41,47 @@ TABLES = {
 def copy_batch(cursor: Any, rows: dict[str, list[dict[str, Any]]], reward_name: str) -> set[str]:
     """Store ``rows`` (by table: info, tags, metadata, spans, assessments) with ``cursor``, a
     psycopg2 cursor in the writer's open transaction. Returns the trace ids it created."""
-    present = {name: r for name, r in rows.items() if r}
-    if not present:
-        return set()
-    columns = {name: list(r[0]) for name, r in present.items()}
-    cursor.execute(
-        ";".join(
-            f"CREATE TEMP TABLE IF NOT EXISTS rt_stage_{TABLES[name][0]} ON COMMIT DELETE ROWS "
-            f"AS SELECT {', '.join(cols)} FROM {TABLES[name][0]} WITH NO DATA"
-            for name, cols in columns.items()
-        )
-    )
-    for name, table_rows in present.items():
-        table = TABLES[name][0]
-        cursor.copy_expert(
-            f"COPY rt_stage_{table} ({', '.join(columns[name])}) FROM STDIN",
-            io.StringIO(copy_text(table_rows, columns[name])),
-        )
     created: set[str] = set()
-    if "info" in present:
-        cursor.execute(_insert_select("info", columns["info"], "RETURNING request_id"))
+    if rows.get("info"):
+        _stage(cursor, "info", rows["info"])
+        cursor.execute(_insert_select("info", list(rows["info"][0]), "RETURNING request_id"))
         created = {row[0] for row in cursor.fetchall()}
     if created:
         for name in ("tags", "metadata", "spans"):
-            if name in present:
-                id_column = TABLES[name][1]
-                cursor.execute(
-                    _insert_select(name, columns[name], where=f"{id_column} = ANY(%(ids)s)"),
-                    {"ids": sorted(created)},
+            id_column = TABLES[name][1]
+            mine = [row for row in rows.get(name, ()) if row[id_column] in created]
+            if mine:
+                columns = list(mine[0])
+                cursor.copy_expert(
+                    f"COPY {TABLES[name][0]} ({', '.join(columns)}) FROM STDIN",
+                    io.StringIO(copy_text(mine, columns)),
                 )
-    if "assessments" in present:
+    if rows.get("assessments"):
         table = TABLES["assessments"][0]
+        _stage(cursor, "assessments", rows["assessments"])
         cursor.execute(
             _insert_select(
                 "assessments",
-                columns["assessments"],
+                list(rows["assessments"][0]),
                 where=f"NOT EXISTS (SELECT 1 FROM {table} a WHERE a.trace_id = s.trace_id "
                 "AND a.name = %(name)s) AND s.name = %(name)s",
             ),
             {"name": reward_name},
         )
     return created
+
+
+def _stage(cursor: Any, name: str, rows: list[dict[str, Any]]) -> None:
+    """``rows`` into this session's staging table for ``name`` (no index, no constraint)."""
+    table, columns = TABLES[name][0], list(rows[0])
+    cursor.execute(
+        f"CREATE TEMP TABLE IF NOT EXISTS rt_stage_{table} ON COMMIT DELETE ROWS "
+        f"AS SELECT {', '.join(columns)} FROM {table} WITH NO DATA"
+    )
+    cursor.copy_expert(
+        f"COPY rt_stage_{table} ({', '.join(columns)}) FROM STDIN",
+        io.StringIO(copy_text(rows, columns)),
+    )
 
 
 def _insert_select(name: str, columns: Sequence[str], returning: str = "", where: str = "") -> str:
