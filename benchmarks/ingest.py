@@ -66,6 +66,8 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float) -> dict[
         return {"score": 1.0}
 
     ids = list(range(300))
+    print("ready", flush=True)  # every writer started (imports, export child): then all go
+    sys.stdin.readline()
     cpu0 = tree_cpu_s(os.getpid())  # this process and its export child, past their start
     t0 = time.time()
     i = 0

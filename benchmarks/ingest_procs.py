@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,15 @@ class WriterFailed(RuntimeError):
 
 
 def run_writers(
-    args: list[list[str]], *, pin: str | None, timeout_s: float
+    args: list[list[str]],
+    *,
+    pin: str | None,
+    timeout_s: float,
+    on_start: Callable[[int], object] = lambda pid: None,
 ) -> list[dict[str, Any]]:
-    """One writer process per argument list (``python -m benchmarks.ingest --writer ARGS``),
-    started together; their JSON results. ``pin``: a CPU list for ``taskset -c``."""
+    """One writer process per argument list (``python -m benchmarks.ingest --writer ARGS``);
+    their JSON results. Each says "ready" once started (imports, tracer, export child): the
+    work begins when all are, on one "go" line to each. ``pin``: a CPU list for ``taskset``."""
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT)}
     prefix = ["taskset", "-c", pin] if pin else []
     procs: list[subprocess.Popen[str]] = []
@@ -44,6 +50,7 @@ def run_writers(
             procs.append(
                 subprocess.Popen(
                     [*prefix, sys.executable, "-m", "benchmarks.ingest", "--writer", *a, tag],
+                    stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -52,6 +59,17 @@ def run_writers(
                     start_new_session=True,  # its own group: stopped as a whole
                 )
             )
+            on_start(procs[-1].pid)
+        for i, p in enumerate(procs):
+            assert p.stdout is not None and p.stdin is not None
+            if p.stdout.readline().strip() != "ready":  # it exited before its start
+                p.wait()
+                err = p.stderr.read() if p.stderr else ""
+                raise WriterFailed(f"writer {i} failed to start ({p.returncode}): {err[-2000:]}")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
         deadline = time.monotonic() + timeout_s
         results: list[dict[str, Any]] = []
         for i, p in enumerate(procs):
