@@ -1,19 +1,24 @@
-"""Ingest capacity of one PostgreSQL-backed MLflow server: traces per second of 20 spans.
+"""Ingest capacity of PostgreSQL-backed MLflow: traces of 20 spans per second, many writers.
 
-    python -m benchmarks.ingest --output ingest.md [--n 300] [--load-n 2000]
+    python -m benchmarks.ingest --quick                       # ~3 min: bulk curve, a short run
+    python -m benchmarks.ingest --output ingest.md --json ingest.json   # quiet machine, ~30 min
+    python -m benchmarks.ingest --only sustain,fault --sustain 60 --pin  # the 60 s run, a restart
 
-Each writer is its own process (a rollout worker), running the tracer as a worker does: it
-makes ``n`` trajectories of 20 spans (a root and 6 x generate/parse/tool, plus a reward) as fast
-as it can and waits until they are durable. Writers start together; the figure is all their
-trajectories over the wall time from the first start to the last durable one. Two paths:
+Each writer is its own process (a rollout worker) running the tracer as a worker does: it makes
+trajectories of 20 spans (a root, 6 x generate/parse/tool, a reward) as fast as it can, ``n`` of
+them or for ``--sustain`` seconds, and waits until they are durable. Writers start together;
+the figure is all their trajectories over the wall time from the first start to the last
+durable one, checked against the store with MLflow's client. Paths:
 
-- **server**: every writer posts to one ``mlflow server`` (``--workers`` 1 or 2) on PostgreSQL;
-- **bulk**: every writer writes straight to PostgreSQL with the tracer's bulk writer (one
-  transaction per batch), no server on the write path.
+- **server1**, **server2**: every writer posts to one ``mlflow server`` (1 or 2 workers);
+- **bulk**: every writer writes straight to PostgreSQL with the tracer's bulk writer (COPY into
+  staging tables, one INSERT ... SELECT per table per batch), no server on the write path.
 
-The load run: 4 writers x ``load-n`` trajectories into a PostgreSQL-backed server and into a
-sqlite-backed server, the rollout's own throughput (trajectories made per second) next to the
-time until all were durable. Every figure is checked against the store (MLflow's client).
+CPU seconds per 1,000 traces are counted per side: the writers (each writer process and its
+export child), the server (its process tree), PostgreSQL (the postmaster's tree: live backends
+and the ones that ended). ``--pin`` runs the writers on CPU 0 and PostgreSQL on CPU 1
+(``taskset``). ``fault`` runs 8 writers for ``--sustain`` seconds and restarts PostgreSQL
+(``pg_ctl restart -m fast``) half-way: every trace must still be stored, once.
 """
 
 from __future__ import annotations
@@ -23,17 +28,21 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import QUIET_ENV, ROOT, count_traces, machine_info
+from benchmarks.common import count_traces, machine_info
+from benchmarks.ingest_procs import leftovers, run_writers, tree_cpu_s
 
-TARGETS = (68, 137)  # traces/s: 64 nodes x 8 workers, one step a minute, 8x8 traced; 100 %
+TARGETS = (68, 550, 1100)  # traces/s: 64 nodes; 512 nodes at 50 % and 100 % sampling
 
 
-def writer(uri: str, project: str, n: int, worker: str) -> dict[str, Any]:
-    """One writer process: ``n`` trajectories of 20 spans, then flush; times since import."""
+def writer(uri: str, project: str, n: int, worker: str, seconds: float) -> dict[str, Any]:
+    """One writer process: ``n`` trajectories (or as many as ``seconds`` allow), then flush."""
+    import os
+
     import tracer
 
     tracer.init({"backend": "mlflow", "tracking_uri": uri, "project_name": project,
@@ -57,147 +66,211 @@ def writer(uri: str, project: str, n: int, worker: str) -> dict[str, Any]:
         return {"score": 1.0}
 
     ids = list(range(300))
+    print("ready", flush=True)  # every writer started (imports, export child): then all go
+    sys.stdin.readline()
+    cpu0 = tree_cpu_s(os.getpid())  # this process and its export child, past their start
     t0 = time.time()
-    for i in range(n):
+    i = 0
+    while (i < n) if seconds <= 0 else (time.time() - t0 < seconds):
         with tracer.trace_attr(step=i // 64, sample_index=i % 64, rollout_n=0):
             for turn in range(6):  # 1 root + 6 x 3 + 1 reward = 20 spans
                 generate(ids, turn)
                 parse("<tool_call>calculator</tool_call>")
                 tool("calculator", {"expression": f"12 * {turn}"})
             reward("84")
+        i += 1
     made = time.time()
     ok = tracer.flush(timeout_s=1800)
     durable = time.time()
+    cpu = tree_cpu_s(os.getpid()) - cpu0
     m = tracer.metrics()
     tracer.shutdown()
-    return {"start": t0, "made": made, "durable": durable, "flush_ok": ok,
-            "dropped": m.get("tracer/mlflow/dropped", 0)}  # fmt: skip
+    return {"n": i, "start": t0, "made": made, "durable": durable, "flush_ok": ok,
+            "dropped": m.get("tracer/mlflow/dropped", 0), "cpu_s": cpu}  # fmt: skip
 
 
-def _writers(uri: str, project: str, count: int, n: int) -> dict[str, Any]:
-    """``count`` writer processes at once; traces/s over the whole wall time, checked."""
-    env = {**QUIET_ENV, "PYTHONPATH": str(ROOT)}
-    import os
-
-    env = {**os.environ, **env}
-    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.ingest", "--writer", uri,
-                               project, str(n), f"w{i}"], stdout=subprocess.PIPE, text=True,
-                              env=env, cwd=tempfile.mkdtemp(prefix="ingest-"))
-             for i in range(count)]  # fmt: skip
-    results = []
-    for p in procs:
-        out, _ = p.communicate(timeout=3600)
-        results.append(json.loads(out.strip().splitlines()[-1]))
+def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
+            pin: str | None = None, pg_pid: int | None = None, server_pid: int | None = None,
+            during: Any = None) -> dict[str, Any]:  # fmt: skip
+    """``count`` writers at once; traces/s over the whole wall time, CPU by side, checked."""
+    before = {"pg": tree_cpu_s(pg_pid) if pg_pid else 0.0,
+              "server": tree_cpu_s(server_pid) if server_pid else 0.0}  # fmt: skip
+    args = [[uri, project, str(n), f"w{i}", str(seconds)] for i in range(count)]
+    timer = threading.Timer(0, during) if during else None
+    if timer:
+        timer.start()
+    try:
+        results = run_writers(args, pin=pin, timeout_s=1800 + seconds)
+    finally:
+        if timer:
+            timer.cancel()
+    total = sum(r["n"] for r in results)
     start = min(r["start"] for r in results)
     wall = max(r["durable"] for r in results) - start
     made = max(r["made"] for r in results) - start
-    stored = count_traces(uri, project)
-    return {"writers": count, "n": n, "total": count * n, "stored": stored,
-            "traces_per_s": round(count * n / wall, 1), "wall_s": round(wall, 1),
-            "rollout_traj_per_s": round(count * n / made, 1),
-            "flush_ok": all(r["flush_ok"] for r in results),
-            "dropped": sum(r["dropped"] for r in results)}  # fmt: skip
+    k = 1000 / max(total, 1)
+    out = {"writers": count, "total": total, "stored": count_traces(uri, project),
+           "traces_per_s": round(total / wall, 1), "wall_s": round(wall, 1),
+           "rollout_traj_per_s": round(total / made, 1),
+           "flush_ok": all(r["flush_ok"] for r in results),
+           "dropped": sum(r["dropped"] for r in results),
+           "writer_cpu_s_per_1k": round(sum(r["cpu_s"] for r in results) * k, 2),
+           "down_lines": [r["stderr"].count("is down") for r in results],
+           "back_lines": [r["stderr"].count("is back") for r in results],
+           "stderr_first_writer": results[0]["stderr"][-3000:]}  # fmt: skip
+    if pg_pid and not during:
+        out["pg_cpu_s_per_1k"] = round((tree_cpu_s(pg_pid) - before["pg"]) * k, 2)
+    if server_pid:
+        out["server_cpu_s_per_1k"] = round((tree_cpu_s(server_pid) - before["server"]) * k, 2)
+    return out
 
 
-def run(n: int, load_n: int, writer_counts: tuple[int, ...]) -> dict[str, Any]:
-    from benchmarks.postgres import postgres_available, temporary_postgres
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.postgres import postgres_available, temporary_cluster
     from tests._servers import start_mlflow_server
 
     if why := postgres_available():
         return {"skipped": why}
-    out: dict[str, Any] = {"n": n, "load_n": load_n, "server": {}, "bulk": {}, "load": {}}
-    names = [f"s{w}" for w in (1, 2)] + ["bulk", "load"]
+    only = set(a.only.split(","))
+    counts = tuple(int(x) for x in a.writers.split(","))
+    out: dict[str, Any] = {"n": a.n, "curve": {}, "runs": {}, "pin": a.pin}
+    names = ["server1", "server2", "bulk", "sustain", "fault"]
     with tempfile.TemporaryDirectory(prefix="ingest-") as tmp, \
-            temporary_postgres(*names) as uris:  # fmt: skip
-        db = dict(zip(names, uris, strict=True))
-        for workers in (1, 2):
-            root = Path(tmp) / f"s{workers}"
+            temporary_cluster(*names) as cluster:  # fmt: skip
+        db = dict(zip(names, cluster.uris, strict=True))
+        pg = cluster.postmaster_pid()
+        if a.pin:
+            subprocess.run(["taskset", "-a", "-cp", "1", str(pg)], check=True,
+                           capture_output=True)  # fmt: skip
+        pin = "0" if a.pin else None
+
+        def record(key: str, r: dict[str, Any]) -> None:
+            print(f"[ingest] {key}: {r}", file=sys.stderr, flush=True)
+
+        for path in ("server1", "server2"):
+            if path not in only:
+                continue
+            root = Path(tmp) / path
             root.mkdir()
-            server = start_mlflow_server(root, backend_store_uri=db[f"s{workers}"],
-                                         workers=workers)  # fmt: skip
+            server = start_mlflow_server(root, backend_store_uri=db[path], workers=int(path[-1]))
             try:
-                for count in writer_counts:
-                    r = _writers(server.url, f"w{count}", count, n)
-                    out["server"][f"{workers}x{count}"] = r
-                    print(f"[ingest] server workers={workers} writers={count}: {r}",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                for count in (
+                    a.server_writers and tuple(int(x) for x in a.server_writers.split(","))
+                ) or counts:
+                    r = measure(server.url, f"w{count}", count, a.server_n or a.n, pin=pin,
+                                pg_pid=pg, server_pid=server.proc.pid)  # fmt: skip
+                    out["curve"][f"{path}/{count}"] = r
+                    record(f"{path} writers={count}", r)
             finally:
                 server.stop()
-        for count in writer_counts:
-            r = _writers(db["bulk"], f"w{count}", count, n)
-            out["bulk"][str(count)] = r
-            print(f"[ingest] bulk writers={count}: {r}", file=sys.stderr, flush=True)
-        for store in ("postgresql", "sqlite"):
-            root = Path(tmp) / f"load-{store}"
-            root.mkdir()
-            uri = db["load"] if store == "postgresql" else None
-            server = start_mlflow_server(root, backend_store_uri=uri)
-            try:
-                r = _writers(server.url, "load", 4, load_n)
-                out["load"][store] = r
-                print(f"[ingest] load {store}: {r}", file=sys.stderr, flush=True)
-            finally:
-                server.stop()
+        if "bulk" in only:
+            for count in counts:
+                r = measure(db["bulk"], f"w{count}", count, a.n, pin=pin, pg_pid=pg)
+                out["curve"][f"bulk/{count}"] = r
+                record(f"bulk writers={count}", r)
+        if "sustain" in only:
+            r = measure(db["sustain"], "sustain", 8, 0, seconds=a.sustain, pin=pin, pg_pid=pg)
+            out["runs"]["sustain"] = r
+            record(f"bulk sustained {a.sustain} s, 8 writers", r)
+        if "fault" in only:
+            restarted: list[float] = []
+
+            def restart() -> None:  # half-way through the writing: after the first trace
+                _wait_for_traces(db["fault"])
+                time.sleep(a.sustain / 2)
+                restarted.append(time.time())
+                cluster.restart()
+
+            r = measure(db["fault"], "fault", 8, 0, seconds=a.sustain, pin=pin, during=restart)
+            r["restarted"] = bool(restarted)
+            out["runs"]["fault"] = r
+            record(f"bulk, 8 writers, PostgreSQL restarted at {a.sustain / 2:.0f} s", r)
+    out["left_behind"] = leftovers()
     return out
+
+
+def _wait_for_traces(uri: str, timeout_s: float = 300) -> None:
+    """Until the first trace is in the store (the writers are past their start)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                with engine.connect() as conn:
+                    if conn.execute(sqlalchemy.text("SELECT count(*) FROM trace_info")).scalar():
+                        return
+            except sqlalchemy.exc.SQLAlchemyError:  # no schema yet
+                pass
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
 
 
 def render(r: dict[str, Any]) -> str:
     """The section of RESULTS.md."""
-    lines = ["## 8. Ingest capacity: one PostgreSQL-backed MLflow server", ""]
+    lines = ["## 8. Ingest capacity: PostgreSQL-backed MLflow, many writers", ""]
     if "skipped" in r:
         return "\n".join([*lines, f"skipped: {r['skipped']}", ""])
-    lines += [f"Traces of 20 spans per second, all writers together ({r['n']} per writer; each "
-              "writer its own process; checked against the store). Needed: "
-              f"{TARGETS[0]} traces/s (64 nodes x 8 workers, 8 x n=8 traced per step a minute) "
-              f"and {TARGETS[1]} at 100 % sampling.", "",
-              "| writers | server, 1 worker | server, 2 workers | bulk to PostgreSQL, no server |",
-              "|---|---|---|---|"]  # fmt: skip
-    for count in sorted({int(k) for k in r["bulk"]}):
-        cells = []
-        for key in (f"1x{count}", f"2x{count}"):
-            s = r["server"].get(key)
-            cells.append(_cell(s))
-        cells.append(_cell(r["bulk"].get(str(count))))
-        lines.append(f"| {count} | " + " | ".join(cells) + " |")
-    lines += ["", f"Load: 4 writers x {r['load_n']} trajectories into one server (1 worker):", "",
-              "| store behind the server | rollout made (traj/s) | durable (traces/s) | stored |",
-              "|---|---|---|---|"]  # fmt: skip
-    for store, s in r["load"].items():
-        lines.append(f"| {store} | {s['rollout_traj_per_s']} | {s['traces_per_s']} "
-                     f"({s['wall_s']} s) | {s['stored']}/{s['total']} |")  # fmt: skip
+    m = r.get("machine", {})
+    lines += [f"Traces of 20 spans per second, all writers together (each writer its own process; "
+              f"checked against the store with MLflow's client); load average at the start "
+              f"{m.get('load_avg')}, {m.get('cores')} cores"
+              f"{', writers pinned to CPU 0 and PostgreSQL to CPU 1' if r.get('pin') else ''}. "
+              f"Needed: {TARGETS[0]} traces/s at 64 nodes, {TARGETS[1]}-{TARGETS[2]} at 512.", "",
+              "| path | writers | traces/s | stored | CPU-s per 1,000 traces: writers | "
+              "PostgreSQL | server |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [(k.split("/")[0], v) for k, v in r["curve"].items()]
+    rows += [(f"bulk, {k}", v) for k, v in r["runs"].items()]
+    for path, s in rows:
+        lines.append(f"| {path} | {s['writers']} | {s['traces_per_s']} ({s['wall_s']} s) | "
+                     f"{s['stored']}/{s['total']} | {s['writer_cpu_s_per_1k']} | "
+                     f"{s.get('pg_cpu_s_per_1k', '-')} | "
+                     f"{s.get('server_cpu_s_per_1k', '-')} |")  # fmt: skip
+    if "fault" in r["runs"]:
+        f = r["runs"]["fault"]
+        lines += ["", f"Fault run: PostgreSQL restarted once (`pg_ctl restart -m fast`); stored "
+                  f"{f['stored']} of {f['total']}; 'is down' lines per writer {f['down_lines']}, "
+                  f"'is back' lines {f['back_lines']}."]  # fmt: skip
+    lines += ["", f"Writer processes left behind: {len(r['left_behind'])}."]
     return "\n".join(lines) + "\n"
-
-
-def _cell(s: dict[str, Any] | None) -> str:
-    if s is None:
-        return "-"
-    ok = "" if s["stored"] == s["total"] else f" (stored {s['stored']}/{s['total']})"
-    return f"{s['traces_per_s']}{ok}"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--writer":
-        uri, project, n, worker = argv[1:5]
-        print(json.dumps(writer(uri, project, int(n), worker)), flush=True)
+        uri, project, n, worker, seconds = argv[1:6]
+        print(json.dumps(writer(uri, project, int(n), worker, float(seconds))), flush=True)
         return 0
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__)
-    p.add_argument("--n", type=int, default=300, help="trajectories per writer")
-    p.add_argument("--load-n", type=int, default=2000, help="trajectories per load writer")
-    p.add_argument("--writers", default="1,2,4")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--n", type=int, default=300, help="trajectories per writer (the curve)")
+    p.add_argument("--writers", default="1,2,4,8,16", help="writer counts of the curve")
+    p.add_argument("--server-writers", default="", help="writer counts for the server paths")
+    p.add_argument("--server-n", type=int, default=0, help="trajectories per server writer")
+    p.add_argument("--only", default="server1,server2,bulk,sustain,fault")
+    p.add_argument("--sustain", type=float, default=60.0, help="seconds of the sustained run")
+    p.add_argument("--pin", action="store_true", help="writers on CPU 0, PostgreSQL on CPU 1")
+    p.add_argument("--quick", action="store_true",
+                   help="minutes: small n, server at 1 and 4 writers, 5 s runs")  # fmt: skip
     p.add_argument("--output", help="write the Markdown section here (default: print it)")
     p.add_argument("--json")
     a = p.parse_args(argv)
-    counts = tuple(int(x) for x in a.writers.split(","))
-    result = run(a.n, a.load_n, counts)
-    result["machine"] = machine_info()
+    if a.quick:
+        a.n, a.server_n, a.server_writers, a.sustain = 30, 10, "1,4", 5.0
+        a.only = a.only.replace("server2,", "")
+    machine = machine_info()
+    result = run(a)
+    result["machine"] = machine
+    text = render(result)
     if a.output:
-        Path(a.output).write_text(render(result))
+        Path(a.output).write_text(text)
     else:
-        print(render(result))
+        print(text)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1, default=str))
-    return 0
+    return 0 if "skipped" in result or not result["left_behind"] else 1
 
 
 if __name__ == "__main__":

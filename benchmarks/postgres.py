@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -46,34 +47,63 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Cluster:
+    """A running throwaway cluster: its databases' URIs, its data folder, how to run its tools."""
+
+    uris: list[str]
+    data: Path
+    as_user: list[str]
+
+    def run(self, name: str, *args: str) -> None:
+        exe = _bin(name) or name
+        subprocess.run([*self.as_user, exe, *args], check=True, capture_output=True, timeout=120)
+
+    def postmaster_pid(self) -> int:
+        """The server's process id (the first line of ``postmaster.pid``)."""
+        return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast``: every connection is cut; the server is up on return."""
+        # -l: else the new server logs to pg_ctl's output, a pipe that then never closes
+        log = str(self.data.parent / "log")
+        self.run("pg_ctl", "-D", str(self.data), "-l", log, "-m", "fast", "-w", "restart")
+
+
 @contextmanager
 def temporary_postgres(*databases: str) -> Iterator[list[str]]:
     """Yields SQLAlchemy URIs (``postgresql+psycopg2://...``) of empty databases, one per
     name in ``databases`` (default: one named ``mlflow``)."""
+    with temporary_cluster(*databases) as cluster:
+        yield cluster.uris
+
+
+@contextmanager
+def temporary_cluster(*databases: str) -> Iterator[Cluster]:
+    """A throwaway server with empty databases named ``databases`` (default: ``mlflow``)."""
     root = Path(tempfile.mkdtemp(prefix="rt-pg-"))
     as_user: list[str] = []
     if os.geteuid() == 0:  # postgres refuses to run as root
         shutil.chown(root, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
     data, port = root / "data", _free_port()
-
-    def run(name: str, *args: str) -> None:
-        exe = _bin(name) or name
-        subprocess.run([*as_user, exe, *args], check=True, capture_output=True, timeout=120)
-
+    names = databases or ("mlflow",)
+    uris = [f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{name}" for name in names]
+    cluster = Cluster(uris, data, as_user)
     try:
-        run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
-        run(
+        cluster.run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        # the restart (pg_ctl restart) keeps these options: postmaster.opts
+        cluster.run(
             "pg_ctl", "-D", str(data), "-l", str(root / "log"), "-w", "-o",
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on "
+            "-c shared_preload_libraries=pg_stat_statements",
             "start",
         )  # fmt: skip
         try:
-            names = databases or ("mlflow",)
             for name in names:
-                run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", name)
-            yield [f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{name}" for name in names]
+                cluster.run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", name)
+            yield cluster
         finally:
-            run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
+            cluster.run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -20,17 +20,17 @@ pinned in pyproject.toml and tests exercise them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tracer.annotations import AnnotationRecord, annotation_span, rollout_logprobs
 from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.mlflow_bulk import open_bulk_writer
+from tracer.backends.mlflow_store_init import store_init_lock
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
@@ -38,11 +38,6 @@ from tracer.ids import attempt_trace_id
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_lists, encode_full_lists
 from tracer.tokens import LOGPROBS_ATTR
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; concurrent first opens are not serialized
-    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("tracer")
 
@@ -74,9 +69,9 @@ class MlflowExporter(Exporter):
 
         self.config = config
         self.tracking_uri = resolve_tracking_uri(config)
-        # Opening a sqlite store runs MLflow's schema migrations: two processes doing that at
-        # once break the file ("table _alembic_tmp_... already exists"). Serialize it.
-        with _sqlite_init_lock(self.tracking_uri):
+        # Opening an empty store runs MLflow's schema migrations: processes doing that at once
+        # fail (sqlite and PostgreSQL alike). One at a time per database.
+        with store_init_lock(self.tracking_uri):
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             self.experiment_id = self._experiment_id(config.project_name)
             self.tracing = TracingClient(self.tracking_uri)
@@ -343,22 +338,6 @@ class MlflowExporter(Exporter):
     def shutdown(self, timeout_s: float = 30.0) -> None:
         if self._pool is not None:  # the pipeline never shuts down while an export is in flight
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-@contextlib.contextmanager
-def _sqlite_init_lock(uri: str) -> Iterator[None]:
-    """An exclusive lock beside a sqlite store's file while this process opens it."""
-    if not uri.startswith("sqlite:///") or fcntl is None:
-        yield
-        return
-    path = uri[len("sqlite:///"):]
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    with open(f"{path}.rollout-tracer.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _root_and_generates(trace: Any) -> tuple[SpanRecord | None, list[SpanRecord]]:
