@@ -112,7 +112,23 @@ def _export(exporter: Any, message: tuple[str, list[Any], bool]) -> tuple[str, A
             result = exporter.export(batch, replay=replay)
         return result.value, None, False
     except Exception as exc:
-        return ExportResult.FAILURE.value, _detail(exc), is_outage(exc)
+        return ExportResult.FAILURE.value, _detail(exc), is_outage(exc) or store_unavailable(exc)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether the store behind the backend said "not now": MLflow turns a database's
+    OperationalError (a dropped or refused connection, a cancelled statement) into an
+    MlflowException with error code TEMPORARILY_UNAVAILABLE. An outage, as a server's 503."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; a cycle must not hang us
+        if seen is None:
+            return False
+        if getattr(seen, "error_code", None) == "TEMPORARILY_UNAVAILABLE":
+            return True
+        if type(seen).__name__ == "OperationalError":  # sqlalchemy.exc, psycopg2, sqlite3
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _record(line: bytes) -> TrajectoryRecord:
