@@ -243,6 +243,8 @@ def test_a_fork_during_the_childs_start_holds_none_of_its_pipes(
         real_popen = subprocess.Popen
         held = []
         def popen(*args, **kwargs):
+            if not any("export_process" in str(arg) for arg in args[0]):  # MLflow's git
+                return real_popen(*args, **kwargs)
             read, write = os.pipe()
             pid = os.fork()  # what another thread's fork sees during the start
             if pid == 0:
