@@ -182,7 +182,7 @@ def test_init_from_a_thread_that_ends_keeps_the_child_until_the_process_dies(
         trace(0, 20)
         say(ok=tracer.flush(60), starts=exporter.starts, child=exporter.pid)
         time.sleep(600)
-    """)
+    """)  # fmt: skip
     jobs.append(job)
     child = job.read("child")
     assert job.said["ok"] and job.said["starts"] == 1
@@ -270,7 +270,7 @@ def test_a_fork_during_the_childs_start_holds_none_of_its_pipes(
         ours = sorted({os.fstat(fd).st_ino for fd in (channel.read_fd, channel.write_fd)})
         trace(0, 5)
         say(ok=tracer.flush(60), ours=ours, held=held, child=exporter.pid)
-    """)
+    """)  # fmt: skip
     jobs.append(job)
     err = job.finish()
     assert job.proc.returncode == 0, err

@@ -29,8 +29,14 @@ def test_a_full_disk_under_the_jsonl_file_is_one_line_with_the_path_and_free_spa
     path = disk / "traces.jsonl"
     with full_disk(disk, monkeypatch, jsonl_backend, "write_lines") as free:
         caplog.set_level(logging.INFO, logger="tracer")
-        tracer.init(backend="jsonl", jsonl_path=str(path), spool_dir=str(tmp_path / "spool"),
-                    flush_interval_s=0.05, replay_interval_s=0.1, export_max_retries=0)
+        tracer.init(
+            backend="jsonl",
+            jsonl_path=str(path),
+            spool_dir=str(tmp_path / "spool"),
+            flush_interval_s=0.05,
+            replay_interval_s=0.1,
+            export_max_retries=0,
+        )
         _trace(0, 5)
         assert not tracer.flush(2)
         lines = [r for r in caplog.records if r.name == "tracer" and r.levelno >= logging.WARNING]
