@@ -152,10 +152,12 @@ def schedule(seed: int) -> list[tuple[float, str]]:
     events += [(first, "rollout_kill"), (second, "rollout_kill")]
     # drawn after the others, so a seed's earlier faults stay where they were
     events += [(rng.uniform(5, span), "child_kill") for _ in range(2)]
-    while True:  # the hang: the server is up (a kill leaves it down up to 4 s) and not killed
-        hang, length = rng.uniform(5, span), rng.uniform(3, 8)
+    for _ in range(1000):  # the hang: the server is up (a kill leaves it down up to 4 s)
+        hang, length = rng.uniform(5, span), rng.uniform(3, 8)  # and is not killed meanwhile
         if all(not hang - 5 <= t <= hang + length + 3 for t in server_kills):
             break
+    else:
+        raise AssertionError(f"CHAOS_SECONDS={SECONDS} leaves no room for the server's hang")
     events += [(hang, "server_stop"), (hang + length, "server_cont")]
     return sorted(events)
 
