@@ -202,8 +202,9 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
             if due and events[0][1] == "rollout_kill" and time.monotonic() - freed_at < 3:
                 due = False  # a restart ran late: give the freed disk its seconds first
             if due:
-                _, event = events.pop(0)
-                print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
+                planned, event = events.pop(0)
+                if event != "child_kill":  # said once it is done (it may wait for a child)
+                    print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
                 if event == "server_kill" and server is not None:
                     server.stop(kill=True)
                     server = None
@@ -224,11 +225,16 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                     if children:
                         os.kill(rng.choice(children), signal.SIGKILL)
                         child_kills += 1
-                    else:  # none started yet (a replacement's init): a moment later
+                        print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
+                    elif time.monotonic() - start < SECONDS:  # none now (starting): later
                         events = sorted([*events, (time.monotonic() - start + 0.5, event)])
                 elif event == "server_stop" and server is not None:
                     os.killpg(server.proc.pid, signal.SIGSTOP)
                     hung = server
+                    # hung for as long as planned, from now (a late loop must not shorten it)
+                    now = time.monotonic() - start
+                    events = sorted((now + t - planned, e) if e == "server_cont" else (t, e)
+                                    for t, e in events)  # fmt: skip
                 elif event == "server_cont" and hung is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(hung.proc.pid, signal.SIGCONT)
@@ -239,7 +245,9 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
         if hung is not None:
             os.killpg(hung.proc.pid, signal.SIGCONT)
             hung = None
-        assert child_kills == 2, f"{child_kills} export children killed, not 2"
+        # on a loaded machine a replacement's child may miss its 10 s start and the process
+        # exports in-process (one warning): then there is none to kill
+        assert child_kills >= 1, "no export child was there to kill"
         if server is None:
             server = start_mlflow_server(root, port)
         deadline = time.monotonic() + 120  # a replacement still starting: Ctrl-C after init
