@@ -239,7 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rollout-tracer`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:  # an optional package missing: one line, exit 2 (rollout/extras.py)
+        from rollout.extras import missing_extra_line
+
+        line = missing_extra_line(exc, args.command)
+        if line is None:
+            raise
+        print(f"rollout-tracer {args.command}: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

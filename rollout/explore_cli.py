@@ -74,18 +74,23 @@ def export_source(args: argparse.Namespace, out: str,
     from tracer.readers import export
 
     tmp = out + ".part"
-    bar = tqdm(desc=f"exporting {args.source}", unit="traj", disable=args.no_progress)
+    bars: list[Any] = []  # made at the first page: a source that fails first (a missing
+    # package, a wrong path) says one line, not a bar and then the line
 
     def on_page(n: int) -> None:
         if stop is not None and stop.is_set():
             raise InterruptedError("the explorer is stopping")
-        bar.update(n)
+        if not bars:
+            bars.append(tqdm(desc=f"exporting {args.source}", unit="traj",
+                             disable=args.no_progress))  # fmt: skip
+        bars[0].update(n)
 
     kwargs = _source_kwargs(args)
     try:
         summary = export(args.source, tmp, on_page=on_page, **kwargs)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     token_note(kwargs["tokenizers"], summary.rows.get("tokens", 0))
     if os.path.isdir(out):
         old = out + f".old{time.time_ns()}"

@@ -140,6 +140,9 @@ def _print_hint(url: str, experiment: str, exp_id: str | None) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     """Serve the MLflow UI over the run's store until interrupted."""
+    # the UI is MLflow's server: without MLflow, one line and exit 2 (rollout/extras.py)
+    import mlflow  # noqa: F401
+
     uri = resolve_tracking_uri(args.tracking_uri)
     experiment = args.experiment or "rollout-tracer"
     if uri.startswith(("http://", "https://")):  # already a server: nothing to start

@@ -7,7 +7,10 @@ process (default 6), a schedule drawn from the seed:
 - SIGKILLs the server and restarts it (3 times);
 - SIGKILLs a rollout process and starts a replacement (2 times);
 - fills the spool's disk to the last byte for 3-6 s (2 times; the first while the server is
-  down too, so batches have nowhere to go but memory).
+  down too, so batches have nowhere to go but memory);
+- SIGKILLs the export child of a live rollout process (2 times; the tracer starts another);
+- hangs the server (SIGSTOP to its process group) for 3-8 s, then SIGCONT (once, away from
+  its kills: a hung server, not a dead one).
 At the end every survivor gets SIGINT on its process group (a terminal's Ctrl-C) and shuts down
 gracefully; then ``rollout-tracer replay`` exports what the spool still holds.
 
@@ -147,7 +150,26 @@ def schedule(seed: int) -> list[tuple[float, str]]:
     first = rng.choice(free[: len(free) // 2])
     second = rng.choice([t for t in free if t > first + 4] or free[-1:])
     events += [(first, "rollout_kill"), (second, "rollout_kill")]
+    # drawn after the others, so a seed's earlier faults stay where they were
+    events += [(rng.uniform(5, span), "child_kill") for _ in range(2)]
+    for _ in range(1000):  # the hang: the server is up (a kill leaves it down up to 4 s)
+        hang, length = rng.uniform(5, span), rng.uniform(3, 8)  # and is not killed meanwhile
+        if all(not hang - 5 <= t <= hang + length + 3 for t in server_kills):
+            break
+    else:
+        raise AssertionError(f"CHAOS_SECONDS={SECONDS} leaves no room for the server's hang")
+    events += [(hang, "server_stop"), (hang + length, "server_cont")]
     return sorted(events)
+
+
+def export_children(pid: int) -> list[int]:
+    """The export children of rollout process ``pid`` (by their command line)."""
+    out = []
+    for child in children_of({pid}):
+        with contextlib.suppress(OSError):
+            if b"export_process" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+    return out
 
 
 @pytest.mark.slow(seconds=100)
@@ -168,6 +190,9 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
         rollouts = [Rollout(w, tmp_path, url, spool) for w in (1, 2)]
         start = time.monotonic()
         events = schedule(seed)
+        rng = random.Random(seed)  # which export child a child_kill takes
+        child_kills = 0
+        hung: MlflowServer | None = None
         freed_at = 0.0
         while events or time.monotonic() - start < SECONDS:
             live = {r.proc.pid for r in rollouts if r.proc.poll() is None}
@@ -177,8 +202,9 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
             if due and events[0][1] == "rollout_kill" and time.monotonic() - freed_at < 3:
                 due = False  # a restart ran late: give the freed disk its seconds first
             if due:
-                _, event = events.pop(0)
-                print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
+                planned, event = events.pop(0)
+                if event != "child_kill":  # said once it is done (it may wait for a child)
+                    print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
                 if event == "server_kill" and server is not None:
                     server.stop(kill=True)
                     server = None
@@ -193,9 +219,35 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                     victim = next(r for r in rollouts if r.proc.poll() is None)
                     victim.kill()
                     rollouts.append(Rollout(len(rollouts) + 1, tmp_path, url, spool))
+                elif event == "child_kill":
+                    children = [c for r in rollouts if r.proc.poll() is None
+                                for c in export_children(r.proc.pid)]  # fmt: skip
+                    if children:
+                        os.kill(rng.choice(children), signal.SIGKILL)
+                        child_kills += 1
+                        print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
+                    elif time.monotonic() - start < SECONDS:  # none now (starting): later
+                        events = sorted([*events, (time.monotonic() - start + 0.5, event)])
+                elif event == "server_stop" and server is not None:
+                    os.killpg(server.proc.pid, signal.SIGSTOP)
+                    hung = server
+                    # hung for as long as planned, from now (a late loop must not shorten it)
+                    now = time.monotonic() - start
+                    events = sorted((now + t - planned, e) if e == "server_cont" else (t, e)
+                                    for t, e in events)  # fmt: skip
+                elif event == "server_cont" and hung is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(hung.proc.pid, signal.SIGCONT)
+                    hung = None
                 continue
             time.sleep(0.1)
         disk.free()
+        if hung is not None:
+            os.killpg(hung.proc.pid, signal.SIGCONT)
+            hung = None
+        # on a loaded machine a replacement's child may miss its 10 s start and the process
+        # exports in-process (one warning): then there is none to kill
+        assert child_kills >= 1, "no export child was there to kill"
         if server is None:
             server = start_mlflow_server(root, port)
         deadline = time.monotonic() + 120  # a replacement still starting: Ctrl-C after init
@@ -241,7 +293,8 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
         finished = sum(len(r.finished()) for r in rollouts)
         in_grace = sum(1 for r in rollouts for s, i, _ in r.finished() if (s, i) not in stored)
         print(f"chaos seed {seed}: {finished} finished in {len(rollouts)} processes "
-              f"({sum(r.killed_at is not None for r in rollouts)} SIGKILLed), {len(stored)} "
+              f"({sum(r.killed_at is not None for r in rollouts)} SIGKILLed, {child_kills} "
+              f"export children SIGKILLed), {len(stored)} "
               f"stored once, {in_grace} missing, each within {GRACE_S} s of its process's kill")
         # it really ran: every process that lived past its start traced, through the faults
         assert all(r.finished() for r in rollouts if r.killed_at is None)
@@ -264,6 +317,8 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                     if alive(pid):
                         os.kill(pid, signal.SIGKILL)
         if server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.proc.pid, signal.SIGCONT)  # a hung one can stop
             server.stop()
         disk.unmount()
 

@@ -25,6 +25,7 @@ pytest.importorskip("tantivy")
 pytest.importorskip("pyarrow")
 
 from tests._explore import get, make_export
+from tests._servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,3 +113,105 @@ def test_explore_without_tantivy_serves_and_search_says_why(tmp_path: Path) -> N
     text = "".join(seen)
     assert f"rollout-tracer explore: search is off: {install}" in text
     assert "Traceback" not in text and "ModuleNotFoundError" not in text
+
+
+# Every command, with each optional package hidden in turn: what it needs the package for.
+# {jsonl}, {parquet}, {uri}, {tmp} are filled in by the test; each list runs in one
+# interpreter (tests/_missing_extras_run.py), a fork per command.
+NEEDS = {
+    "pyarrow": [
+        ["export", "--from", "jsonl", "--path", "{jsonl}", "--out", "{tmp}/x", "--no-progress"],
+        ["report", "--from", "jsonl", "--path", "{jsonl}", "--out", "{tmp}/r.html"],
+        ["flags", "--from", "jsonl", "--path", "{jsonl}"],
+        ["explore", "--from", "jsonl", "--path", "{jsonl}", "--port", "0"],
+    ],
+    "duckdb": [
+        ["report", "--from", "jsonl", "--path", "{jsonl}", "--out", "{tmp}/r.html"],
+        ["flags", "--from", "jsonl", "--path", "{jsonl}"],
+        ["explore", "--from", "parquet", "--path", "{parquet}", "--port", "0"],
+    ],
+    "mlflow": [
+        # a sqlite store is read without MLflow (tracer/readers/mlflow_sqlite.py): a server's
+        # needs MLflow's client (nothing listens there: the import comes first)
+        ["export", "--from", "mlflow", "--tracking-uri", "{server}", "--out", "{tmp}/x",
+         "--no-progress"],
+        ["report", "--from", "mlflow", "--tracking-uri", "{server}", "--out", "{tmp}/r.html"],
+        ["flags", "--from", "mlflow", "--tracking-uri", "{server}"],
+        ["explore", "--from", "mlflow", "--tracking-uri", "{server}", "--port", "0"],
+        ["ui", "--tracking-uri", "{uri}"],
+        ["run", "actor_rollout_ref.rollout.trace.backend=mlflow"],
+    ],
+    "weave": [
+        ["export", "--from", "weave", "--experiment", "p", "--entity", "e", "--out", "{tmp}/x",
+         "--no-progress"],
+        ["report", "--from", "weave", "--experiment", "p", "--entity", "e", "--out",
+         "{tmp}/r.html"],
+        ["flags", "--from", "weave", "--experiment", "p", "--entity", "e"],
+        ["run", "actor_rollout_ref.rollout.trace.backend=weave"],
+    ],
+    "trackio": [
+        ["run", "actor_rollout_ref.rollout.trace.backend=trackio"],
+        ["run", "trainer.logger=[console,trackio]"],
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A JSONL file, an export folder and an MLflow store with the same few trajectories."""
+    import tracer
+    from tests.test_export import _records
+    from tracer.backends.jsonl_backend import JsonlExporter
+
+    tmp = tmp_path_factory.mktemp("sources")
+    jsonl = tmp / "t.jsonl"
+    JsonlExporter(tracer.TraceConfig(backend="jsonl", jsonl_path=str(jsonl))).export(_records(5))
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    tracer.init(backend="mlflow", tracking_uri=uri, project_name="rollout-tracer",
+                export_in_subprocess=False, spool_dir=str(tmp / "spool"))  # fmt: skip
+    try:
+        for i in range(3):
+            with tracer.trace_attr(step=0, sample_index=i):
+                pass
+        assert tracer.flush(60)
+    finally:
+        tracer.reset()
+    return {"jsonl": str(jsonl), "parquet": str(make_export(tmp / "run", 10, seed=1)),
+            "uri": uri}
+
+
+@pytest.mark.slow(seconds=40)
+@pytest.mark.parametrize("module", sorted(NEEDS))
+def test_every_command_without_an_extra_says_one_line_and_exits_2(
+    tmp_path: Path, sources: dict[str, str], module: str
+) -> None:
+    """The package is hidden; every command that needs it prints one line naming the extra
+    to install and exits 2: no traceback, whatever the import path (the central handler in
+    rollout/cli.py main and rollout/extras.py)."""
+    import json
+
+    from rollout.extras import missing_extra_line
+
+    fill = {**sources, "tmp": str(tmp_path), "server": f"http://127.0.0.1:{free_port()}"}
+    commands = [[arg.format(**fill) for arg in argv] for argv in NEEDS[module]]
+    spec, out = tmp_path / "commands.json", tmp_path / "out.json"
+    spec.write_text(json.dumps({"cwd": str(tmp_path), "commands": commands}))
+    done = subprocess.run([sys.executable, "-m", "tests._missing_extras_run", str(spec),
+                           str(out)], env=_env(tmp_path, module), capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    problems = []
+    for result in json.loads(out.read_text()):
+        command = result["argv"][0]
+        expected = missing_extra_line(ModuleNotFoundError(name=module), command)
+        lines = result["stderr"].strip().splitlines()
+        # the central line; a command may say it in its own words (trainer.logger's check)
+        # as long as it is one line that names the extra to install
+        install = str(expected).split(": ", 1)[1]
+        if result["status"] != 2 or len(lines) != 1 or not (
+            lines[0] == f"rollout-tracer {command}: error: {expected}"
+            or (lines[0].startswith("rollout-tracer") and install in lines[0])
+        ):
+            problems.append(f"{' '.join(result['argv'][:3])}: exit {result['status']}, "
+                            f"stderr {result['stderr'][-1500:]!r}")  # fmt: skip
+    assert not problems, "\n".join(problems)

@@ -202,7 +202,7 @@ class _ExporterSource:
             # a forked process: its own child, started by its export worker's thread at the
             # first export (this runs on the rollout's thread, under the pipeline's lock)
             return SubprocessExporter(self.name, self.config, self.child_destination,
-                                      start=False)  # fmt: skip
+                                      start=False, required=self.in_subprocess)  # fmt: skip
         if exporter is None:
             exporter = as_exporter(create_exporter(self.name, self.config))
         if not _in_child(self.in_subprocess, self.name, exporter):

@@ -5,6 +5,7 @@ debug level only; an unexpected exception keeps its traceback (the first time, t
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from typing import Any
@@ -32,6 +33,8 @@ def is_outage(exc: BaseException) -> bool:
             break
         if isinstance(seen, (ConnectionError, TimeoutError)):
             return True
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True  # a file backend's disk is full: it takes data again once freed
         if _OUTAGE_NAMES.search(type(seen).__name__) or _OUTAGE_TEXT.search(str(seen)):
             return True
         seen = seen.__cause__ or seen.__context__

@@ -1,4 +1,5 @@
-"""What runs in the export process: ``python -m tracer.backends.export_process PARENT_PID``.
+"""What runs in the export process: this module as ``__main__`` with the parent's pid, in an
+isolated interpreter (``tracer.backends.child_launch``).
 
 The parent (``tracer.backends.subprocess_proxy``) starts it in a session of its own and talks
 to it over its stdin and stdout (``tracer.backends.pipe_channel``). It is the tracer's
@@ -9,7 +10,10 @@ machinery, not the user's, so:
   lives through the user's Ctrl-C and the parent's graceful shutdown exports through it;
 - it dies with its parent: a parent-death signal (Linux; checked right after against the race
   with the parent's death), and EOF on its stdin when the parent closes it or is gone;
-- it writes at most one line per event to stderr, never a traceback.
+- it writes at most one line per event to stderr, never a traceback, and only the tracer's own
+  lines: its libraries' logging (MLflow's "SQLAlchemy database error" with a traceback, urllib3's
+  retries, alembic) stays here; an export's error reaches the parent as one detail string, and
+  the parent's log says an outage once when it begins and once when it ends.
 
 This module is the process's own: here it may set its signal dispositions and logging.
 """
@@ -79,7 +83,9 @@ def _serve(channel: Channel) -> None:
         message = channel.recv(None)
         if message is None:  # the parent's shutdown
             break
-        channel.send(_export(exporter, message), None)
+        answer = _export(exporter, message)
+        _one_line_output.again()  # a library may have made a logger (and handler) just now
+        channel.send(answer, None)
     exporter.shutdown()
 
 
@@ -106,7 +112,23 @@ def _export(exporter: Any, message: tuple[str, list[Any], bool]) -> tuple[str, A
             result = exporter.export(batch, replay=replay)
         return result.value, None, False
     except Exception as exc:
-        return ExportResult.FAILURE.value, _detail(exc), is_outage(exc)
+        return ExportResult.FAILURE.value, _detail(exc), is_outage(exc) or store_unavailable(exc)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether the store behind the backend said "not now": MLflow turns a database's
+    OperationalError (a dropped or refused connection, a cancelled statement) into an
+    MlflowException with error code TEMPORARILY_UNAVAILABLE. An outage, as a server's 503."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; a cycle must not hang us
+        if seen is None:
+            return False
+        if getattr(seen, "error_code", None) == "TEMPORARILY_UNAVAILABLE":
+            return True
+        if type(seen).__name__ == "OperationalError":  # sqlalchemy.exc, psycopg2, sqlite3
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _record(line: bytes) -> TrajectoryRecord:
@@ -134,36 +156,59 @@ class OneLine(logging.Formatter):
         return f"{self.prefix}: {record.levelname} {record.name}: {text}"[:DETAIL_CHARS]
 
 
-def _one_line_output(prefix: str) -> None:
-    """Every logger's handlers write one line per record at WARNING and above (a backend's
-    import may have added its own handlers: this runs again once it is made); an uncaught
-    exception or a warning is one line too."""
-    formatter = OneLine(prefix)
-    logging.basicConfig(level=logging.WARNING, force=True)
-    loggers = [logging.getLogger()] + [
-        logger for logger in logging.root.manager.loggerDict.values()
-        if isinstance(logger, logging.Logger)
-    ]  # fmt: skip
-    for logger in loggers:
-        for handler in logger.handlers:
-            handler.setFormatter(formatter)
-            handler.setLevel(max(handler.level, logging.WARNING))
-    logging.captureWarnings(True)
+def ours(record: logging.LogRecord) -> bool:
+    """Whether a log record is the tracer's own (the only ones this process lets through)."""
+    return record.name == "tracer" or record.name.startswith("tracer.")
 
-    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        print(f"{prefix}: {_detail(exc)}", file=sys.stderr, flush=True)
 
-    def thread_excepthook(args: Any) -> None:
-        if args.exc_value is not None:
-            excepthook(args.exc_type, args.exc_value, args.exc_traceback)
+class _OneLineOutput:
+    """Every logger's handlers write the tracer's own records only, one line each, at WARNING
+    and above (a backend's import adds its own handlers, and a library may add one later:
+    :meth:`again` looks once more when the number of loggers changed); an uncaught exception or
+    a warning is one line too."""
 
-    def unraisablehook(args: Any) -> None:
-        if args.exc_value is not None:
-            excepthook(type(args.exc_value), args.exc_value, None)
+    def __init__(self) -> None:
+        self.formatter: OneLine | None = None
+        self.seen = 0
 
-    sys.excepthook = excepthook
-    threading.excepthook = thread_excepthook
-    sys.unraisablehook = unraisablehook
+    def __call__(self, prefix: str) -> None:
+        self.formatter = OneLine(prefix)
+        logging.basicConfig(level=logging.WARNING, force=True)
+        self.seen = -1
+        self.again()
+        logging.captureWarnings(True)
+
+        def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+            print(f"{prefix}: {_detail(exc)}", file=sys.stderr, flush=True)
+
+        def thread_excepthook(args: Any) -> None:
+            if args.exc_value is not None:
+                excepthook(args.exc_type, args.exc_value, args.exc_traceback)
+
+        def unraisablehook(args: Any) -> None:
+            if args.exc_value is not None:
+                excepthook(type(args.exc_value), args.exc_value, None)
+
+        sys.excepthook = excepthook
+        threading.excepthook = thread_excepthook
+        sys.unraisablehook = unraisablehook
+
+    def again(self) -> None:
+        loggers = logging.root.manager.loggerDict
+        if self.formatter is None or len(loggers) == self.seen:
+            return
+        self.seen = len(loggers)
+        for logger in [logging.getLogger(), *loggers.values()]:
+            if not isinstance(logger, logging.Logger):
+                continue
+            for handler in logger.handlers:
+                handler.setFormatter(self.formatter)
+                handler.setLevel(max(handler.level, logging.WARNING))
+                if ours not in handler.filters:
+                    handler.addFilter(ours)
+
+
+_one_line_output = _OneLineOutput()
 
 
 if __name__ == "__main__":

@@ -45,9 +45,11 @@ appends every annotation; a reader ignores one whose trajectory is not in the fi
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -120,6 +122,10 @@ class JsonlExporter(Exporter):
                     for key, start_ns in list(ids.items())[: exc.whole]:
                         self._written.add(key, start_ns)
                     raise
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise disk_full(exc, self.path) from None
                 for key, start_ns in ids.items():
                     self._written.add(key, start_ns)
         return ExportResult.SUCCESS
@@ -139,6 +145,17 @@ class JsonlExporter(Exporter):
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         return None
+
+
+def disk_full(exc: OSError, path: str) -> OSError:
+    """The same error, saying which file and how much room its disk has: the outage line
+    (``tracer.outage``: one line when it begins, one when it ends) is all the user reads."""
+    try:
+        usage = shutil.disk_usage(os.path.dirname(os.path.abspath(path)))
+        room = f"{usage.free / 1e6:.1f} MB free of {usage.total / 1e6:.1f} MB"
+    except OSError:
+        room = "free space unknown"
+    return OSError(exc.errno, f"{exc.strerror or 'No space left on device'}: {path} ({room})")
 
 
 class PartialAppend(OSError):

@@ -9,6 +9,7 @@ deadline (TimeoutError), and one that is gone reads as EOFError or writes as Bro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -43,10 +44,12 @@ class Channel:
 
     def close(self) -> None:
         """Close both ends, once (a second call does nothing: the numbers may be reused)."""
-        for fd in (self.read_fd, self.write_fd):
+        fds, self.read_fd, self.write_fd = (self.read_fd, self.write_fd), -1, -1
+        for fd in fds:
             if fd >= 0:
-                os.close(fd)
-        self.read_fd = self.write_fd = -1
+                # EBADF: already closed (a fork's handlers close the pipes the start had made)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _write(self, data: bytes, deadline: float | None) -> None:
         view = memoryview(data)

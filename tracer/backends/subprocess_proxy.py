@@ -5,23 +5,25 @@ rollout's process it competes with the rollout's own Python. The proxy keeps ret
 and replay in the parent's export worker and only moves the export into a child: the parent
 sends the batch's JSON lines (the spool's bytes: nothing decoded or pickled record by record
 in the rollout's process) and waits (without the GIL) for the answer; the child reads them back
-as records, as a replay of the spool does. The child is a plain
-``python -m tracer.backends.export_process``, not a multiprocessing spawn, so the user's
-``__main__`` is never re-imported; what it does on its side is in that module.
+as records, as a replay of the spool does. The child is a plain interpreter running
+``tracer.backends.export_process`` (started as ``tracer.backends.child_launch`` says: isolated
+from the user's folder, by a thread that lives as long as the process), not a multiprocessing
+spawn, so the user's ``__main__`` is never re-imported; what it does on its side is in that
+module.
 
 The child is the tracer's machinery, and a user should never notice it:
 - it runs in a session of its own and ignores terminal signals, so the user's Ctrl-C does not
   reach it and the graceful shutdown that follows exports through it;
-- it dies with its parent (a parent-death signal, and EOF on its stdin);
+- it dies with its process (a parent-death signal, armed from a thread that lives as long as
+  the process, and EOF on its stdin); a start that fails kills its whole process group;
 - every call has a deadline (``tracer.backends.pipe_channel``: poll, any fd number), and any
   failure of a call counts as a dead child: it is killed and reaped, the batch stays in the
   spool (the export worker wrote it there first), and the next export starts another;
-- a forked process closes its copies of the pipes and starts its own child at its first
-  export, on its export worker's thread;
-- at shutdown a child that does not answer in time is killed (``abort``).
-The parent-death signal is tied to the thread that started the child (Linux's rule): the one
-that called ``init``, or the export worker's; if that thread ends first, the child goes with it
-and the next export starts another.
+- a forked process closes its copies of the pipes (those of a start in progress too) and starts
+  its own child at its first export, on its export worker's thread, under the same settings;
+- at shutdown a child that does not answer in time is killed (``abort``);
+- its libraries' log lines (MLflow's "SQLAlchemy database error") stay in it: an outage is one
+  line in the parent's log (``tracer.outage``), not the child's tracebacks.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from tracer.backends import child_launch
 from tracer.backends.base import Exporter, ExportResult, as_exporter
 from tracer.backends.pipe_channel import Channel
 from tracer.config import TraceConfig
@@ -96,14 +99,19 @@ class SubprocessExporter(Exporter):
     that process exports in-process, with one warning, unless ``export_in_subprocess=True``."""
 
     def __init__(
-        self, name: str, config: TraceConfig, destination: str, *, start: bool = True
+        self, name: str, config: TraceConfig, destination: str, *, start: bool = True,
+        required: bool | None = None,
     ) -> None:
         self.name = name
         self.config = picklable(config)
         self.destination = destination  # the same spool folder as the in-process exporter
         self.starts = 0  # children started
         self.losses = 0  # children killed or found dead
-        self._may_fall_back = not start and not config.export_in_subprocess
+        # ``required``: the parent's resolved export_in_subprocess (the field, or the variable
+        # ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS), so a fork honours what its parent was told
+        if required is None:
+            required = bool(config.export_in_subprocess)
+        self._may_fall_back = not start and not required
         self._local: Exporter | None = None  # the in-process exporter, after a fall back
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -186,23 +194,19 @@ class SubprocessExporter(Exporter):
     # the child's life -----------------------------------------------------------------------
     def _start(self) -> None:
         exe = python_executable()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # same imports as here
-        from_child, to_parent = os.pipe()
-        from_parent, to_child = os.pipe()
+        from_child, to_parent, from_parent, to_child = child_launch.pipes()
         try:
-            proc = subprocess.Popen(
-                [exe, "-m", "tracer.backends.export_process", str(os.getpid())],
-                stdin=from_parent, stdout=to_parent, env=env, start_new_session=True,
+            proc = child_launch.popen(
+                child_launch.command(exe, os.getpid()), START_TIMEOUT_S,
+                stdin=from_parent, stdout=to_parent, start_new_session=True,
             )  # fmt: skip
         except BaseException:
-            os.close(from_child)
-            os.close(to_child)
+            child_launch.release(from_child, to_child, close=True)
             raise
         finally:
-            os.close(from_parent)
-            os.close(to_parent)
+            child_launch.release(from_parent, to_parent, close=True)
         self._proc, self._channel = proc, Channel(from_child, to_child)
+        child_launch.release(from_child, to_child, close=False)  # the channel's now
         self.starts += 1
         try:
             try:
@@ -237,7 +241,7 @@ class SubprocessExporter(Exporter):
         self._proc = self._channel = None
         try:
             if proc is not None:
-                proc.kill()  # a no-op once it is reaped
+                child_launch.kill_group(proc)  # a no-op once it is reaped
                 # stuck in the kernel past this: Popen reaps it later
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(STOP_TIMEOUT_S)
@@ -285,7 +289,7 @@ class SubprocessExporter(Exporter):
             return False
         log.warning("rollout-tracer: the export process for %s (pid %d) did not answer before "
                     "the shutdown deadline; it was killed", self.name, proc.pid)  # fmt: skip
-        proc.kill()
+        child_launch.kill_group(proc)
         return True
 
 
