@@ -44,6 +44,9 @@ class Tracer:
         self.annotator: Any = None
         self._annotator_lock = threading.Lock()
         self.active = False
+        # open traced trajectories: trace_attr adds and removes; the watchdog reads
+        self.open_trajectories: set[Any] = set()
+        self.watchdog: Any = None
         self.keep_on = self.config.keep_on
         if not self.keep_on:  # the sampler decides alone: one Python call fewer per trajectory
             self.admit = self.sampler.admit  # type: ignore[method-assign]
@@ -77,6 +80,10 @@ class Tracer:
             return self
         self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
         self.submit = self.pipeline.submit  # type: ignore[method-assign]  # never raises
+        if self.config.stuck_after_s > 0:
+            from tracer.watchdog import Watchdog
+
+            self.watchdog = Watchdog(self.config, self.open_trajectories).start()
         self.active = True
         return self
 
@@ -160,6 +167,8 @@ class Tracer:
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         self.active = False
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.annotator is not None:
             self.annotator.close(self.config.shutdown_timeout_s if timeout_s is None
                                  else timeout_s)  # fmt: skip
@@ -176,6 +185,8 @@ class Tracer:
         out = self.pipeline.metrics() if self.pipeline is not None else {}
         if self.annotator is not None:
             out.update(self.annotator.metrics())
+        if self.watchdog is not None:
+            out.update(self.watchdog.metrics())
         return dict(out)
 
 

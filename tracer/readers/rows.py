@@ -17,6 +17,7 @@ from tracer.chat import tool_arguments as _tool_arguments
 from tracer.chat import tool_result as _tool_result
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.readers.signature import scored_text, signature
+from tracer.readers.timing import record_timing
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
 
@@ -297,6 +298,7 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
                     last_turn.get("finish_reason"), scored_text(reward.inputs) if reward
                     else None, last_turn.get("response_text"))  # fmt: skip
     trajectory["signature"], trajectory["signature_text"] = sig.key, sig.text
+    trajectory.update(record_timing(record))  # where its wall time went (readers/timing.py)
     return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
 
 
