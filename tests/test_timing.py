@@ -1,0 +1,133 @@
+"""Where the rollout's time goes: the timing reader over stored spans (the export's timing
+columns and steps table) and the stuck-trajectory watchdog, on a real traced rollout with
+planted stragglers and a hung tool call (benchmarks/timing_scenario.py), stored by the real
+JSONL backend and read back by the export."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracer
+from benchmarks.timing_scenario import SLOW_TOOL, run_scenario
+from tests._wait import wait_for
+from tracer.readers import export
+
+pd = pytest.importorskip("pandas")
+
+
+def _run_and_export(tmp_path: Path, **scenario: Any) -> tuple[Any, Any, Any]:
+    path = tmp_path / "traces.jsonl"
+    tracer.init(backend="jsonl", jsonl_path=str(path), stuck_after_s=60)
+    planted = run_scenario(**scenario)
+    assert tracer.flush(30)
+    stuck = tracer.metrics()["tracer/stuck_trajectories"]
+    tracer.shutdown()
+    assert stuck == 0
+    out = tmp_path / "export"
+    export("jsonl", str(out), path=str(path))
+    traj = pd.read_parquet(out / "trajectories.parquet")
+    steps = pd.read_parquet(out / "steps.parquet").set_index("step")
+    return planted, traj, steps
+
+
+def test_slow_tool_is_named_the_top_straggler_cause_at_its_steps(tmp_path: Path) -> None:
+    planted, traj, steps = _run_and_export(tmp_path, steps=4, samples=8, slow_prob=0.35,
+                                           seed=3)  # fmt: skip
+    slow_steps = planted.slow_steps()
+    assert slow_steps and slow_steps != set(steps.index)  # both kinds of step are present
+    for step, row in steps.iterrows():
+        if step not in slow_steps:
+            assert row["stragglers"] == 0, row
+            assert pd.isna(row["top_straggler_cause"])
+            continue
+        assert row["top_straggler_cause"] == f"tool {SLOW_TOOL}", row
+        top = traj[traj["trace_id"] == row["top_straggler_trace_id"]].iloc[0]
+        slowest = max(f for s, _, f in planted.slow if s == step)
+        assert (step, int(top["sample_index"]), slowest) in planted.slow
+        assert json.loads(row["top_straggler_detail"]) == {"code": f"print({step} * "
+                                                           f"{int(top['sample_index'])})"}
+        assert row["top_straggler_span_id"] == top["slow_span_id"]
+        assert row["tail_ratio"] > 3
+
+
+def test_time_shares_add_up_to_wall_time(tmp_path: Path) -> None:
+    _, traj, steps = _run_and_export(tmp_path, steps=2, samples=6, slow_prob=0.3, seed=5)
+    parts = traj[["generate_ms", "tool_ms", "reward_ms", "other_ms", "gap_ms"]].sum(axis=1)
+    assert ((parts - traj["latency_ms"]).abs() <= 0.01 * traj["latency_ms"]).all()
+    # every trajectory waited for its tool and its two generate calls (real sleeps)
+    assert (traj["generate_ms"] >= 20 * 0.95).all() and (traj["tool_ms"] >= 10 * 0.95).all()
+    shares = steps[["generate_share", "tool_share", "reward_share", "other_share", "gap_share"]]
+    assert (shares.sum(axis=1) - 1).abs().max() < 0.01
+    for step, row in steps.iterrows():
+        by_tool = json.loads(row["tool_shares"])
+        assert set(by_tool) == {"python", "search"}
+        assert sum(by_tool.values()) == pytest.approx(row["tool_share"], rel=0.01)
+        wall = traj[traj["step"] == step]["latency_ms"]
+        assert row["wall_max_ms"] == pytest.approx(wall.max())
+        assert row["wall_p50_ms"] == pytest.approx(wall.quantile(0.5))
+
+
+def test_nothing_reported_on_a_run_without_stragglers(tmp_path: Path) -> None:
+    _, _, steps = _run_and_export(tmp_path, steps=3, samples=8, slow_prob=0.0, seed=1)
+    assert (steps["stragglers"] == 0).all()
+    assert steps["top_straggler_cause"].isna().all()
+
+
+@pytest.mark.slow(seconds=5)
+def test_hung_call_is_reported_once_with_tool_and_arguments(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    limit = 1.0
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"), stuck_after_s=limit)
+    release = threading.Event()
+    started = time.monotonic()
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(planted=run_scenario(
+        steps=1, samples=4, slow_prob=0.0, hang=(1, 2), release=release)))  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="tracer")
+    thread.start()
+    try:
+        stuck = wait_for(lambda: [r for r in caplog.records if "still open" in r.message],
+                         "the watchdog's line", timeout_s=30)  # fmt: skip
+        reported_after = time.monotonic() - started
+        assert reported_after < 2 * limit, reported_after
+        line = stuck[0].getMessage()
+        assert "step=1 sample_index=2" in line
+        assert 'open span: tool python arguments={"code": "print(1 * 2)"}' in line
+        assert tracer.metrics()["tracer/stuck_trajectories"] == 1
+        time.sleep(3 * limit)  # ticks go on while it is still open: no second line
+        assert len([r for r in caplog.records if "still open" in r.message]) == 1
+        assert tracer.metrics()["tracer/stuck_open"] == 1
+    finally:
+        release.set()
+        thread.join(30)
+    assert result["planted"].hang == (1, 2)
+    wait_for(lambda: tracer.metrics()["tracer/stuck_open"] == 0, "the trajectory to end")
+    assert tracer.metrics()["tracer/stuck_trajectories"] == 1
+    assert tracer.metrics()["tracer/watchdog_alive"] == 1
+
+
+def test_watchdog_loop_survives_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    t = tracer.init(backend="jsonl", stuck_after_s=0.2)
+    watchdog = t.watchdog
+    calls = {"n": 0}
+    real_tick = watchdog.tick
+
+    def failing_tick(now_ns: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        real_tick(now_ns)
+
+    watchdog.tick = failing_tick
+    wait_for(lambda: calls["n"] >= 3, "ticks after the failing one")
+    m = tracer.metrics()
+    assert m["tracer/watchdog_errors"] == 1 and m["tracer/watchdog_alive"] == 1
+    assert any("watchdog failed (RuntimeError: boom)" in r.getMessage() for r in caplog.records)
