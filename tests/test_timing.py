@@ -17,12 +17,13 @@ import pytest
 import tracer
 from benchmarks.timing_scenario import SLOW_TOOL, run_scenario
 from tests._wait import wait_for
-from tracer.readers import export
+from tracer.readers import export, read_tables, write_report
 
 pd = pytest.importorskip("pandas")
 
 
 def _run_and_export(tmp_path: Path, **scenario: Any) -> tuple[Any, Any, Any]:
+    """Run the scenario traced to JSONL, export it; (planted, trajectories, steps)."""
     path = tmp_path / "traces.jsonl"
     tracer.init(backend="jsonl", jsonl_path=str(path), stuck_after_s=60)
     planted = run_scenario(**scenario)
@@ -131,3 +132,20 @@ def test_watchdog_loop_survives_an_error(caplog: pytest.LogCaptureFixture) -> No
     m = tracer.metrics()
     assert m["tracer/watchdog_errors"] == 1 and m["tracer/watchdog_alive"] == 1
     assert any("watchdog failed (RuntimeError: boom)" in r.getMessage() for r in caplog.records)
+
+
+def test_report_names_the_stragglers_and_links_their_transcripts(tmp_path: Path) -> None:
+    planted, traj, steps = _run_and_export(tmp_path, steps=3, samples=8, slow_prob=0.35,
+                                           seed=3)  # fmt: skip
+    html = Path(write_report(read_tables("parquet", path=str(tmp_path / "export")),
+                             str(tmp_path / "report.html"))).read_text()  # fmt: skip
+    section = html.split('<section id="time">', 1)[1].split("</section>", 1)[0]
+    for step in steps.index:
+        row = section.split(f'<tr data-step="{step}">', 1)[1].split("</tr>", 1)[0]
+        if step in planted.slow_steps():
+            assert f"<td class='top-cause'>tool {SLOW_TOOL}</td>" in row
+            tid = steps.loc[step, "top_straggler_trace_id"]
+            assert f'href="#t-{tid}"' in row
+            assert f'"id": "{tid}"' in html or f'"id":"{tid}"' in html  # its transcript
+        else:
+            assert "<td class='top-cause'>-</td>" in row

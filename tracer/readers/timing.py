@@ -140,11 +140,12 @@ def record_timing(record: Any) -> dict[str, Any]:
 def trajectory_timing(traj: Any) -> dict[str, Any]:
     """:func:`breakdown` of a finished in-memory trajectory (``with trace_attr(...) as traj``)
     and its identity: what ``rollout-tracer run`` keeps per trajectory for its tracker
-    metrics. Read after the trajectory ended; it only reads the spans."""
+    metrics. Read after the trajectory ended; it only reads the spans (not the trace id, which
+    the background may be fixing at that moment)."""
     out = breakdown(traj.start_ns, traj.end_ns, list(traj.spans))
     out.update(step=traj.step, validate=bool(traj.validate), sample_index=traj.sample_index,
                rollout_n=traj.rollout_n, latency_ms=(traj.end_ns - traj.start_ns) / 1e6,
-               end_ns=traj.end_ns, trace_id=traj.trace_id)  # fmt: skip
+               end_ns=traj.end_ns)  # fmt: skip
     return out
 
 
