@@ -34,6 +34,10 @@
                                        Computed once per export in the background (503 with
                                        its percent meanwhile; pattern_table.py)
     GET /api/compare?step=3&prompt=<text>  the same prompt at the same step in every run
+    GET /api/timing?step=3&validate=false&top=100
+                                       the Time tab (static/time.js; time_view.py): tail ratio
+                                       and tool share per step, a step's slowest trajectories
+                                       with their turns and tool calls on one time axis
 
 Every endpoint takes ``run=<name>`` (default: the first). Errors are JSON ``{"error": ...}``
 with status 400 (bad input), 404 (unknown run or id) or 503 (index still building); an
@@ -59,7 +63,7 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from tracer.readers.explore import across, steps
+from tracer.readers.explore import across, steps, time_view
 from tracer.readers.explore.cache import prune_folder
 from tracer.readers.explore.filters import ApiError, parse_int
 from tracer.readers.explore.pattern_table import PatternTables
@@ -239,6 +243,12 @@ class Explorer:
     def _steps(self, q: dict[str, list[str]]) -> Any:
         return {"steps": steps.steps(self.store, _one(q, "run"))}
 
+    def _timing(self, q: dict[str, list[str]]) -> Any:
+        step = None if _one(q, "step") in (None, "") else parse_int(q, "step", 0, -(2**62), 2**62)
+        return time_view.timing(self.store, _one(q, "run"), step, _flag(q, "validate", False),
+                                parse_int(q, "top", time_view.DEFAULT_TOP, 1,
+                                          time_view.MAX_TOP))  # fmt: skip
+
     def _compare(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62)
         text = _one(q, "prompt")
@@ -286,11 +296,12 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/steps": (Explorer._steps, set()),
     "/api/patterns": (Explorer._patterns, {"step", "top"}),
     "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),
+    "/api/timing": (Explorer._timing, {"step", "validate", "top"}),
 }
 
 
-def page_html() -> bytes:
-    page = resources.files("tracer.readers.explore").joinpath("static/explore.html")
+def page_html(name: str = "explore.html") -> bytes:
+    page = resources.files("tracer.readers.explore").joinpath(f"static/{name}")
     return page.read_bytes()
 
 
@@ -357,6 +368,9 @@ class Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         if url.path in ("/", "/index.html"):
             self._send(200, page_html(), "text/html; charset=utf-8")
+            return
+        if url.path == "/time.js":  # the Time tab's script
+            self._send(200, page_html("time.js"), "text/javascript; charset=utf-8")
             return
         try:
             query = parse_qs(url.query, keep_blank_values=True, max_num_fields=100)
