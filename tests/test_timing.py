@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -149,3 +150,47 @@ def test_report_names_the_stragglers_and_links_their_transcripts(tmp_path: Path)
             assert f'"id": "{tid}"' in html or f'"id":"{tid}"' in html  # its transcript
         else:
             assert "<td class='top-cause'>-</td>" in row
+
+
+@pytest.mark.slow(seconds=6)
+def test_hung_call_far_past_its_steps_typical_time_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No limit reached (600 s): the 7 other trajectories of the step took ~0.05 s, so one open
+    for 50x that (at least 2 s: watchdog.TYPICAL_FLOOR_S) is reported."""
+    from tracer.watchdog import TYPICAL_FACTOR, TYPICAL_FLOOR_S
+
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"), stuck_after_s=600)
+    release = threading.Event()
+    caplog.set_level(logging.WARNING, logger="tracer")
+    started = time.monotonic()
+    thread = threading.Thread(target=run_scenario, kwargs=dict(
+        steps=1, samples=8, slow_prob=0.0, hang=(1, 4), release=release))  # fmt: skip
+    thread.start()
+    try:
+        stuck = wait_for(lambda: [r for r in caplog.records if "still open" in r.message],
+                         "the watchdog's line", timeout_s=60)  # fmt: skip
+        after = time.monotonic() - started
+        typical = tracer.get_tracer().watchdog.typical_s(1, False)
+        assert typical is not None and typical < 0.5
+        assert after >= max(TYPICAL_FACTOR * typical, TYPICAL_FLOOR_S)
+        line = stuck[0].getMessage()
+        assert "step=1 sample_index=4" in line and "its step's typical" in line
+        assert "open span: tool python" in line
+    finally:
+        release.set()
+        thread.join(30)
+    assert len([r for r in caplog.records if "still open" in r.message]) == 1
+    wait_for(lambda: not tracer.get_tracer().open_trajectories, "the ended ones to leave the set")
+
+
+def test_watchdog_restarts_in_a_forked_child() -> None:
+    t = tracer.init(backend="jsonl", stuck_after_s=0.5)
+    with tracer.trace_attr(step=1, sample_index=0, rollout_n=0):
+        pid = os.fork()
+        if pid == 0:  # the child: its own thread, none of the parent's open trajectories
+            ok = t.watchdog.thread.is_alive() and not t.open_trajectories
+            os._exit(0 if ok else 1)
+        assert len(t.open_trajectories) == 1
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

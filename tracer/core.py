@@ -44,8 +44,9 @@ class Tracer:
         self.annotator: Any = None
         self._annotator_lock = threading.Lock()
         self.active = False
-        # open traced trajectories: trace_attr adds and removes; the watchdog reads
-        self.open_trajectories: set[Any] = set()
+        # traced trajectories, open or just ended: trace_attr adds each as it opens, the
+        # watchdog's thread removes it once it has ended (none are added without a watchdog)
+        self.open_trajectories: Any = _NOT_WATCHED
         self.watchdog: Any = None
         self.keep_on = self.config.keep_on
         if not self.keep_on:  # the sampler decides alone: one Python call fewer per trajectory
@@ -83,6 +84,7 @@ class Tracer:
         if self.config.stuck_after_s > 0:
             from tracer.watchdog import Watchdog
 
+            self.open_trajectories = set()
             self.watchdog = Watchdog(self.config, self.open_trajectories).start()
         self.active = True
         return self
@@ -188,6 +190,16 @@ class Tracer:
         if self.watchdog is not None:
             out.update(self.watchdog.metrics())
         return dict(out)
+
+
+class _NotWatched:
+    """The open-trajectory set of a tracer without a watchdog: keeps nothing."""
+
+    def add(self, traj: Any) -> None:
+        pass
+
+
+_NOT_WATCHED = _NotWatched()
 
 
 class _ExporterSource:

@@ -122,7 +122,7 @@ class trace_attr:
                 self._traj = traj = Trajectory(tracer, name, step, sample_index, rollout_n,
                                                bool(validate), policy_version, attrs,
                                                attempt)  # fmt: skip
-                tracer.open_trajectories.add(traj)  # the watchdog's view (tracer/watchdog.py)
+                tracer.open_trajectories.add(traj)  # the watchdog's (tracer/watchdog.py)
                 frame = (traj, traj.root_id)
         self._token = _current.set(frame)
         return self._traj
@@ -138,7 +138,6 @@ class trace_attr:
         if traj is not None:
             self._traj = None
             traj.end_ns = time_ns()
-            traj.tracer.open_trajectories.discard(traj)
             if exc is not None:
                 traj.error = exc
             traj.tracer.submit(traj)

@@ -2,12 +2,14 @@
 too long.
 
 The hot path does one thing for it: ``trace_attr`` adds the trajectory to its tracer's set of
-open trajectories when it opens and removes it when it ends (the timestamps it reads are the
-ones the trajectory already has). This module's thread looks at that set every tick, on its
-own: it never touches the rollout's threads. A trajectory is stuck when it has been open longer
+open trajectories when it opens (one C call). This module's thread looks at that set every
+tick, on its own: it never touches the rollout's threads. A trajectory that has ended (its end
+timestamp, which ``trace_attr`` takes anyway, is set) leaves the set there, and its wall time
+counts towards its step's typical one. One still open is stuck when it has been open longer
 than ``stuck_after_s``, or longer than ``TYPICAL_FACTOR`` times its step's typical wall time
-(the median of the step's trajectories the watchdog saw finish, at least ``MIN_TYPICAL``
-of them) and at least ``TYPICAL_FLOOR_S``. Each stuck trajectory is reported once: one log line
+(the median of the step's ended trajectories, once ``MIN_TYPICAL`` have ended) and at least
+``TYPICAL_FLOOR_S``. An ended trajectory stays referenced until the next tick (at most a
+second), as it does in the pipeline's buffer. Each stuck trajectory is reported once: one log line
 naming its tags, trace id and open span (a tool call's name and arguments), and the counter
 ``tracer/stuck_trajectories``. The loop is guarded (an error is counted, logged once, and the
 loop goes on) and restarts in a forked child.
@@ -74,7 +76,6 @@ class Watchdog:
 
     def _init_state(self) -> None:
         self.reported: set[int] = set()  # id() of the open trajectories reported
-        self.seen: dict[int, Any] = {}  # open at the last tick: id() -> trajectory
         self.walls: collections.OrderedDict[Any, collections.deque[float]] = (
             collections.OrderedDict())
         self.stuck_total = 0
@@ -102,6 +103,7 @@ class Watchdog:
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(2.0)
+        self.open.clear()  # nothing reads it any more: hold no trajectory
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -120,8 +122,6 @@ class Watchdog:
         return statistics.median(walls)
 
     def _finished(self, traj: Any) -> None:
-        if not traj.end_ns:
-            return
         key = (traj.step, bool(traj.validate))
         walls = self.walls.get(key)
         if walls is None:
@@ -132,12 +132,14 @@ class Watchdog:
 
     def tick(self, now_ns: int) -> None:
         """One look at the open trajectories (the watchdog's thread; tests call it too)."""
-        current = {id(t): t for t in list(self.open)}  # list(set): one C call, atomic
-        for key, traj in self.seen.items():
-            if key not in current:  # ended since the last tick: its wall time is typical data
+        current = {}
+        for traj in list(self.open):  # list(set): one C call, atomic under the GIL
+            if traj.end_ns:  # ended since the last tick: its wall time is typical data
+                self.open.discard(traj)
                 self._finished(traj)
+            else:
+                current[id(traj)] = traj
         self.reported &= current.keys()
-        self.seen = current
         stuck = 0
         for key, traj in current.items():
             age_s = (now_ns - traj.start_ns) / 1e9
