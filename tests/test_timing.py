@@ -194,3 +194,35 @@ def test_watchdog_restarts_in_a_forked_child() -> None:
         assert len(t.open_trajectories) == 1
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_parallel_tool_calls_count_once(tmp_path: Path) -> None:
+    """Two tool calls running at once inside a generate call: each instant goes to one part
+    (the tool calls, over the generate call), so the parts still add up to the wall time."""
+    import asyncio
+
+    from benchmarks.timing_scenario import call_tool
+
+    @tracer.trace_op(kind="generate")
+    async def generate_with_tools() -> str:
+        await asyncio.sleep(0.02)
+        await asyncio.gather(call_tool("python", {"code": "1"}, 0.1),
+                             call_tool("search", {"query": "x"}, 0.05))  # fmt: skip
+        return "done"
+
+    async def one() -> None:
+        with tracer.trace_attr(step=1, sample_index=0, rollout_n=0):
+            await generate_with_tools()
+
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"))
+    asyncio.run(one())
+    assert tracer.flush(30)
+    export("jsonl", str(tmp_path / "out"), path=str(tmp_path / "t.jsonl"))
+    row = pd.read_parquet(tmp_path / "out" / "trajectories.parquet").iloc[0]
+    parts = sum(row[f"{p}_ms"] for p in ("generate", "tool", "reward", "other", "gap"))
+    assert parts == pytest.approx(row["latency_ms"], rel=1e-6)
+    assert 95 <= row["tool_ms"] < 150  # the union of the two calls, not their sum (150)
+    by_tool = json.loads(row["tool_ms_by_name"])
+    # where two tool calls overlap, the instant goes to the one that opened first
+    assert list(by_tool) == ["python"] and by_tool["python"] == pytest.approx(row["tool_ms"])
+    assert row["generate_ms"] >= 19 and row["slow_span_kind"] == "generate"

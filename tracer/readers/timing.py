@@ -4,7 +4,8 @@ A trajectory's wall time (its root span) is cut into ``generate``, ``tool`` (per
 ``reward``, ``other`` (parse, interaction, ...) and ``gap`` (no span open: queueing, the engine's
 scheduling, the agent loop's own code). Each instant goes to exactly one part, the most specific
 span open then (a tool call over a generate call over a reward over the rest), so the parts add
-up to the wall time exactly, even when spans overlap (parallel tool calls). The span that made
+up to the wall time exactly, even when spans overlap (parallel tool calls: an instant two of
+them share goes to the one that opened first). The span that made
 the trajectory slow is its longest leaf span: a tool call (its name and arguments) or a generate
 call (its token count).
 
