@@ -49,10 +49,16 @@ def measure(folder: str, requests: int, compact: bool, cache: str) -> dict[str, 
         orjson.dumps(body)  # what the server sends
         times.append(time.perf_counter() - t0)
     store.close()
-    return {"compacted": compact, "compact_s": round(compact_s, 1),
-            "first_ms": round(first_s * 1e3, 1), "p50_ms": round(_p(times, 0.5) * 1e3, 1),
-            "p95_ms": round(_p(times, 0.95) * 1e3, 1), "max_ms": round(max(times) * 1e3, 1),
-            "trajectories_per_step": first["count"], "spans_per_answer": len(body["spans"])}
+    return {
+        "compacted": compact,
+        "compact_s": round(compact_s, 1),
+        "first_ms": round(first_s * 1e3, 1),
+        "p50_ms": round(_p(times, 0.5) * 1e3, 1),
+        "p95_ms": round(_p(times, 0.95) * 1e3, 1),
+        "max_ms": round(max(times) * 1e3, 1),
+        "trajectories_per_step": first["count"],
+        "spans_per_answer": len(body["spans"]),
+    }
 
 
 def main() -> None:

@@ -43,9 +43,11 @@ MODES = {"untraced": cpu.mode_untraced, "off": _traced(0.0), "on": _traced(600.0
 
 
 def _child(mode: str, n: int) -> float:
-    code = ("import time, tempfile, json; from benchmarks import bench_watchdog as b; "
-            "tmp = tempfile.mkdtemp(); t0 = time.process_time(); "
-            f"b.MODES[{mode!r}]({n}, tmp); print(json.dumps(time.process_time() - t0))")
+    code = (
+        "import time, tempfile, json; from benchmarks import bench_watchdog as b; "
+        "tmp = tempfile.mkdtemp(); t0 = time.process_time(); "
+        f"b.MODES[{mode!r}]({n}, tmp); print(json.dumps(time.process_time() - t0))"
+    )
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=900, check=True)  # fmt: skip

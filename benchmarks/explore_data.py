@@ -33,8 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.readers.schema import arrow_schema
 from benchmarks.timing_data import lay_out
+from tracer.readers.schema import arrow_schema
 from tracer.readers.signature import signature
 from tracer.readers.steps_table import write_steps
 

@@ -27,8 +27,8 @@ def lay_out(rng: np.random.Generator, start: Any, traj: dict[str, Any], turns: d
     gen = rng.gamma(3.0, 100.0, (count, n_turns))  # ms
     names = np.asarray(calls["name"]).reshape(count, n_turns)
     tool = rng.gamma(2.0, 20.0, (count, n_turns))
-    slow = (names == SLOW_TOOL) & (rng.random((count, n_turns)) < SLOW_PROB)
-    tool = np.where(slow, tool * rng.uniform(10.0, 30.0, (count, n_turns)), tool)
+    planted = (names == SLOW_TOOL) & (rng.random((count, n_turns)) < SLOW_PROB)
+    tool = np.where(planted, tool * rng.uniform(10.0, 30.0, (count, n_turns)), tool)
     gaps = rng.gamma(2.0, 15.0, (count, n_turns + 1))
     # each turn: gap, generate, tool; offsets in ms from the trajectory's start
     per_turn = gaps[:, :n_turns] + gen + tool
@@ -58,10 +58,17 @@ def lay_out(rng: np.random.Generator, start: Any, traj: dict[str, Any], turns: d
         by_name.append(json.dumps(dict(sorted(per.items()))))
         g, t = int(np.argmax(gen[i])), int(np.argmax(tool[i]))
         if tool[i, t] >= gen[i, g]:
-            ids.append(call_ids[i, t]); kinds.append("tool"); slow_names.append(str(names[i, t]))
-            details.append(args[i, t]); slow_ms.append(float(tool[i, t]))
+            slow = (call_ids[i, t], "tool", str(names[i, t]), args[i, t], float(tool[i, t]))
         else:
-            ids.append(turn_ids[i, g]); kinds.append("generate"); slow_names.append("generate")
-            details.append(f"{int(tokens[i, g])} tokens"); slow_ms.append(float(gen[i, g]))
-    traj.update(tool_ms_by_name=by_name, slow_span_id=ids, slow_span_kind=kinds,
-                slow_span_name=slow_names, slow_span_detail=details, slow_span_ms=slow_ms)
+            slow = (turn_ids[i, g], "generate", "generate", f"{int(tokens[i, g])} tokens",
+                    float(gen[i, g]))  # fmt: skip
+        for column, value in zip((ids, kinds, slow_names, details, slow_ms), slow, strict=True):
+            column.append(value)
+    traj.update(
+        tool_ms_by_name=by_name,
+        slow_span_id=ids,
+        slow_span_kind=kinds,
+        slow_span_name=slow_names,
+        slow_span_detail=details,
+        slow_span_ms=slow_ms,
+    )

@@ -37,8 +37,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     steps = {r["step"]: r for r in pq.read_table(root / "export" / "steps.parquet").to_pylist()}
     slow_step = max(planted.slow_steps())
     with serving([("run", root / "export")], root / "cache", search=0) as base:
-        yield {"base": base, "steps": steps, "slow_step": slow_step, "root": root,
-               "rows": pq.read_table(root / "export" / "trajectories.parquet").to_pylist()}
+        yield {
+            "base": base,
+            "steps": steps,
+            "slow_step": slow_step,
+            "root": root,
+            "rows": pq.read_table(root / "export" / "trajectories.parquet").to_pylist(),
+        }
 
 
 def test_timing_endpoint_answers_a_step(run: dict[str, Any]) -> None:

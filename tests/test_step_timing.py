@@ -39,8 +39,9 @@ def test_the_driver_logs_what_the_export_finds(
     def scripted(prompt: str, index: int) -> str:  # a calculator call, then the answer
         return call if prompt.count("<tool_response>") == 0 else "It is 42. #### 42"
 
-    monkeypatch.setattr(engines, "make_engine",
-                        lambda config, **kw: real_make(config, script=scripted, **kw))
+    monkeypatch.setattr(
+        engines, "make_engine", lambda config, **kw: real_make(config, script=scripted, **kw)
+    )
     jsonl = tmp_path / "t.jsonl"
     code = main(["run", "--no-progress", "actor_rollout_ref.rollout.name=scripted",
                  "trainer.total_steps=2", "data.train_batch_size=2",

@@ -53,8 +53,9 @@ def test_slow_tool_is_named_the_top_straggler_cause_at_its_steps(tmp_path: Path)
         top = traj[traj["trace_id"] == row["top_straggler_trace_id"]].iloc[0]
         slowest = max(f for s, _, f in planted.slow if s == step)
         assert (step, int(top["sample_index"]), slowest) in planted.slow
-        assert json.loads(row["top_straggler_detail"]) == {"code": f"print({step} * "
-                                                           f"{int(top['sample_index'])})"}
+        assert json.loads(row["top_straggler_detail"]) == {
+            "code": f"print({step} * {int(top['sample_index'])})"
+        }
         assert row["top_straggler_span_id"] == top["slow_span_id"]
         assert row["tail_ratio"] > 3
 
@@ -136,7 +137,7 @@ def test_watchdog_loop_survives_an_error(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_report_names_the_stragglers_and_links_their_transcripts(tmp_path: Path) -> None:
-    planted, traj, steps = _run_and_export(tmp_path, steps=3, samples=8, slow_prob=0.35,
+    planted, _, steps = _run_and_export(tmp_path, steps=3, samples=8, slow_prob=0.35,
                                            seed=3)  # fmt: skip
     html = Path(write_report(read_tables("parquet", path=str(tmp_path / "export")),
                              str(tmp_path / "report.html"))).read_text()  # fmt: skip

@@ -77,7 +77,8 @@ class Watchdog:
     def _init_state(self) -> None:
         self.reported: set[int] = set()  # id() of the open trajectories reported
         self.walls: collections.OrderedDict[Any, collections.deque[float]] = (
-            collections.OrderedDict())
+            collections.OrderedDict()
+        )
         self.stuck_total = 0
         self.stuck_open = 0
         self.errors = 0
@@ -112,8 +113,13 @@ class Watchdog:
             except Exception as exc:  # a background loop cannot die
                 self.errors += 1
                 if log_every(self.errors):
-                    log.warning("rollout-tracer: the stuck-trajectory watchdog failed (%s: %s); "
-                                "it goes on [%d so far]", type(exc).__name__, exc, self.errors)
+                    log.warning(
+                        "rollout-tracer: the stuck-trajectory watchdog failed (%s: %s); "
+                        "it goes on [%d so far]",
+                        type(exc).__name__,
+                        exc,
+                        self.errors,
+                    )
 
     def typical_s(self, step: Any, validate: Any) -> float | None:
         walls = self.walls.get((step, bool(validate)))

@@ -40,8 +40,7 @@ def _jsonl_steps(path: str) -> Iterator[list[dict[str, Any]]]:
                 continue
             if isinstance(row.get("start_time"), str):
                 row["start_time"] = dt.datetime.fromisoformat(row["start_time"])
-            by_step.setdefault(int(row["step"]), []).append(
-                {k: row.get(k) for k in TIMING_COLUMNS})
+            by_step.setdefault(int(row["step"]), []).append({k: row.get(k) for k in TIMING_COLUMNS})
     for step in sorted(by_step):
         yield by_step[step]
 

@@ -20,6 +20,7 @@ rollout holds in memory (``rollout-tracer run``'s ``timing/*`` tracker metrics).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -106,7 +107,7 @@ def breakdown(start_ns: int, end_ns: int, spans: Iterable[Any]) -> dict[str, Any
     parts = {"generate": 0, "tool": 0, "reward": 0, "other": 0, "gap": 0}
     by_tool: dict[str, int] = {}
     points = sorted({start_ns, end_ns, *(p for a, b, _, _ in intervals for p in (a, b))})
-    for a, b in zip(points, points[1:]):
+    for a, b in itertools.pairwise(points):
         best: tuple[int, str] | None = None
         for s, e, prio, part in intervals:
             if s <= a and e >= b and (best is None or prio > best[0]):

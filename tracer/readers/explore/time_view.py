@@ -30,7 +30,8 @@ def curves(store: Store, run: str | None) -> list[dict[str, Any]]:
             return store.query(
                 "SELECT step, validate, trajectories, wall_p50_ms, wall_p99_ms, tail_ratio, "
                 "tail_wait_ms, generate_share, tool_share, gap_share, stragglers, "
-                f"top_straggler_cause FROM read_parquet({quote(path)}) ORDER BY validate, step")
+                f"top_straggler_cause FROM read_parquet({quote(path)}) ORDER BY validate, step"
+            )
         return store.query(  # an export without the table: the same from the trajectories
             "SELECT step, validate, count(*) trajectories, quantile_cont(latency_ms, 0.5) "
             "wall_p50_ms, quantile_cont(latency_ms, 0.99) wall_p99_ms, quantile_cont(latency_ms,"
