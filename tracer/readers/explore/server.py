@@ -35,9 +35,7 @@
                                        its percent meanwhile; pattern_table.py)
     GET /api/compare?step=3&prompt=<text>  the same prompt at the same step in every run
     GET /api/timing?step=3&validate=false&top=100
-                                       the Time tab (static/time.js; time_view.py): tail ratio
-                                       and tool share per step, a step's slowest trajectories
-                                       with their turns and tool calls on one time axis
+                                       the Time tab (static/time.js): see time_view.py
 
 Every endpoint takes ``run=<name>`` (default: the first). Errors are JSON ``{"error": ...}``
 with status 400 (bad input), 404 (unknown run or id) or 503 (index still building); an
@@ -243,12 +241,6 @@ class Explorer:
     def _steps(self, q: dict[str, list[str]]) -> Any:
         return {"steps": steps.steps(self.store, _one(q, "run"))}
 
-    def _timing(self, q: dict[str, list[str]]) -> Any:
-        step = None if _one(q, "step") in (None, "") else parse_int(q, "step", 0, -(2**62), 2**62)
-        return time_view.timing(self.store, _one(q, "run"), step, _flag(q, "validate", False),
-                                parse_int(q, "top", time_view.DEFAULT_TOP, 1,
-                                          time_view.MAX_TOP))  # fmt: skip
-
     def _compare(self, q: dict[str, list[str]]) -> Any:
         step = parse_int(q, "step", 0, -(2**62), 2**62)
         text = _one(q, "prompt")
@@ -296,7 +288,7 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/steps": (Explorer._steps, set()),
     "/api/patterns": (Explorer._patterns, {"step", "top"}),
     "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),
-    "/api/timing": (Explorer._timing, {"step", "validate", "top"}),
+    "/api/timing": (lambda ex, q: time_view.api(ex.store, q), {"step", "validate", "top"}),
 }
 
 

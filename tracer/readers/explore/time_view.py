@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from tracer.readers.explore.compact import quote
-from tracer.readers.explore.filters import ApiError
+from tracer.readers.explore.filters import ApiError, parse_int
 from tracer.readers.explore.store import Store
 
 DEFAULT_TOP = 100
@@ -81,3 +81,14 @@ def timing(store: Store, run: str | None, step: int | None, validate: bool,
     return {"step": step, "validate": validate, "curves": all_curves, "summary": summary,
             "count": int(span["n"]), "t0_us": span["t0"], "t1_us": span["t1"],
             "trajectories": trajs, "spans": spans}  # fmt: skip
+
+
+def api(store: Store, q: dict[str, list[str]]) -> dict[str, Any]:
+    """``GET /api/timing``'s parameters -> :func:`timing`."""
+    run = q.get("run", [None])[-1]
+    step = parse_int(q, "step", 0, -(2**62), 2**62) if q.get("step", [""])[-1] else None
+    validate = q.get("validate", ["false"])[-1].lower()
+    if validate not in ("true", "false", "1", "0", ""):
+        raise ApiError(f"validate: {validate[:50]!r} is not true or false")
+    top = parse_int(q, "top", DEFAULT_TOP, 1, MAX_TOP)
+    return timing(store, run, step, validate in ("true", "1"), top)
