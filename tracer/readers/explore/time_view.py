@@ -6,7 +6,9 @@ table when it has one; one query over the step's rows, one over their turns and 
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from typing import Any
 
 from tracer.readers.explore.compact import quote
@@ -15,9 +17,46 @@ from tracer.readers.explore.store import Store
 
 DEFAULT_TOP = 100
 MAX_TOP = 500
-_TRAJ = ("trace_id, sample_key, rollout_n, epoch_us(start_time) AS start_us, latency_ms, "
-         "generate_ms, tool_ms, reward_ms, other_ms, gap_ms, slow_span_id, slow_span_kind, "
-         "slow_span_name, slow_span_detail, slow_span_ms")  # fmt: skip
+_TRAJ = ["trace_id", "sample_key", "rollout_n", "validate", "start_time", "latency_ms",
+         "generate_ms", "tool_ms", "reward_ms", "other_ms", "gap_ms", "slow_span_id",
+         "slow_span_kind", "slow_span_name", "slow_span_detail", "slow_span_ms"]  # fmt: skip
+_SPAN = ["trace_id", "span_id", "name", "start_time", "latency_ms"]
+
+
+class StepFile:
+    """A Parquet table read one step at a time: the row groups whose ``step`` statistics can
+    hold it (an export and the compacted copy are both in step order, so a step is a few row
+    groups), with pyarrow; DuckDB would plan a scan over every row group first."""
+
+    def __init__(self, path: str) -> None:
+        import pyarrow.parquet as pq
+
+        self.file = pq.ParquetFile(path)
+        self.lock = threading.Lock()
+        md = self.file.metadata
+        col = self.file.schema_arrow.get_field_index("step")
+        self.bounds: list[tuple[Any, Any] | None] = []
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(col).statistics
+            self.bounds.append((st.min, st.max) if st is not None and st.has_min_max else None)
+
+    def read(self, step: int, columns: list[str]) -> Any:
+        import pyarrow.compute as pc
+
+        groups = [g for g, b in enumerate(self.bounds) if b is None or b[0] <= step <= b[1]]
+        with self.lock:
+            table = self.file.read_row_groups(groups, columns=list({*columns, "step"}))
+        return table.filter(pc.equal(table["step"], step)).select(columns)
+
+
+@functools.lru_cache(maxsize=32)
+def _step_file(path: str, mtime_ns: int) -> StepFile:
+    return StepFile(path)
+
+
+def step_file(folder: str, table: str) -> StepFile:
+    path = os.path.join(folder, f"{table}.parquet")
+    return _step_file(path, os.stat(path).st_mtime_ns)
 
 
 def curves(store: Store, run: str | None) -> list[dict[str, Any]]:
@@ -60,26 +99,33 @@ def timing(store: Store, run: str | None, step: int | None, validate: bool,
     summary = next((c for c in mine if c["step"] == step), None)
     if summary is None:
         raise ApiError(f"no step {step} (validate={str(validate).lower()}) in this run", 404)
-    t = store.table(run, "trajectories")
-    span = store.query(f"SELECT count(*) n, min(epoch_us(start_time)) t0, max(epoch_us("
-                       f"start_time) + latency_ms * 1000) t1 FROM {t} WHERE step = ? AND "
-                       "validate = ?", [step, validate])[0]  # fmt: skip
-    trajs = store.query(f"SELECT {_TRAJ} FROM {t} WHERE step = ? AND validate = ? ORDER BY "
-                        "latency_ms DESC, trace_id LIMIT ?", [step, validate, top])  # fmt: skip
-    ids = [r["trace_id"] for r in trajs]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    folder = store.runs[run or next(iter(store.runs))].folder
+    rows = step_file(folder, "trajectories").read(step, _TRAJ)
+    rows = rows.filter(pc.equal(rows["validate"], validate))
+    start_us = pc.cast(rows["start_time"], "int64")
+    end_us = pc.add(start_us, pc.multiply(rows["latency_ms"], 1000.0))
+    order = pc.sort_indices(rows, [("latency_ms", "descending"), ("trace_id", "ascending")])
+    top_rows = rows.take(order[:top]).append_column("start_us", start_us.take(order[:top]))
+    trajs = top_rows.drop_columns(["start_time", "validate"]).to_pylist()
+    ids = pa.array([r["trace_id"] for r in trajs], pa.string())
     spans: list[dict[str, Any]] = []
-    if ids:
-        marks = ", ".join("?" * len(ids))
-        turns, calls = store.table(run, "turns"), store.table(run, "tool_calls")
-        spans = store.query(
-            f"SELECT trace_id, 'generate' kind, turn_index idx, name, span_id, "
-            f"epoch_us(start_time) start_us, latency_ms FROM {turns} WHERE step = ? AND "
-            f"trace_id IN ({marks}) UNION ALL SELECT trace_id, 'tool' kind, call_index idx, "
-            f"name, span_id, epoch_us(start_time) start_us, latency_ms FROM {calls} WHERE "
-            f"step = ? AND trace_id IN ({marks}) ORDER BY trace_id, start_us",
-            [step, *ids, step, *ids])  # fmt: skip
+    for kind, table, index in (("generate", "turns", "turn_index"),
+                               ("tool", "tool_calls", "call_index")):  # fmt: skip
+        if table not in store.runs[run or next(iter(store.runs))].tables:
+            continue
+        part = step_file(folder, table).read(step, [*_SPAN, index])
+        part = part.filter(pc.is_in(part["trace_id"], value_set=ids))
+        part = part.append_column("start_us", pc.cast(part["start_time"], "int64"))
+        for r in part.drop_columns(["start_time"]).to_pylist():
+            spans.append({**r, "kind": kind, "idx": r.pop(index)})
+    spans.sort(key=lambda r: (r["trace_id"], r["start_us"] or 0))
+    count = len(rows)
     return {"step": step, "validate": validate, "curves": all_curves, "summary": summary,
-            "count": int(span["n"]), "t0_us": span["t0"], "t1_us": span["t1"],
+            "count": count, "t0_us": pc.min(start_us).as_py() if count else None,
+            "t1_us": pc.max(end_us).as_py() if count else None,
             "trajectories": trajs, "spans": spans}  # fmt: skip
 
 
