@@ -227,3 +227,22 @@ def test_parallel_tool_calls_count_once(tmp_path: Path) -> None:
     # where two tool calls overlap, the instant goes to the one that opened first
     assert list(by_tool) == ["python"] and by_tool["python"] == pytest.approx(row["tool_ms"])
     assert row["generate_ms"] >= 19 and row["slow_span_kind"] == "generate"
+
+
+def test_a_watchdog_that_cannot_start_leaves_tracing_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_start = threading.Thread.start
+
+    def no_watchdog(self: threading.Thread) -> None:
+        if self.name == "rollout-tracer-watchdog":
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_watchdog)
+    t = tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"))
+    assert t.watchdog is None and "watchdog did not start" in caplog.text
+    with tracer.trace_attr(step=1, sample_index=0, rollout_n=0):
+        pass
+    assert tracer.flush(30) and tracer.metrics()["tracer/jsonl/exported"] == 1
+    assert not hasattr(t.open_trajectories, "__len__")  # nothing is kept without a watchdog
