@@ -83,11 +83,11 @@ def test_nothing_reported_on_a_run_without_stragglers(tmp_path: Path) -> None:
     assert steps["top_straggler_cause"].isna().all()
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=6)
 def test_hung_call_is_reported_once_with_tool_and_arguments(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    limit = 1.0
+    limit = 2.0
     tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"), stuck_after_s=limit)
     release = threading.Event()
     started = time.monotonic()
@@ -105,7 +105,7 @@ def test_hung_call_is_reported_once_with_tool_and_arguments(
         assert "step=1 sample_index=2" in line
         assert 'open span: tool python arguments={"code": "print(1 * 2)"}' in line
         assert tracer.metrics()["tracer/stuck_trajectories"] == 1
-        time.sleep(3 * limit)  # ticks go on while it is still open: no second line
+        time.sleep(limit)  # ten more ticks while it is still open: no second line
         assert len([r for r in caplog.records if "still open" in r.message]) == 1
         assert tracer.metrics()["tracer/stuck_open"] == 1
     finally:

@@ -82,12 +82,20 @@ class Tracer:
         self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
         self.submit = self.pipeline.submit  # type: ignore[method-assign]  # never raises
         if self.config.stuck_after_s > 0:
-            from tracer.watchdog import Watchdog
-
-            self.open_trajectories = set()
-            self.watchdog = Watchdog(self.config, self.open_trajectories).start()
+            self._start_watchdog()
         self.active = True
         return self
+
+    def _start_watchdog(self) -> None:
+        from tracer.watchdog import Watchdog
+
+        try:
+            watchdog = Watchdog(self.config, set()).start()
+        except RuntimeError as exc:  # no thread left: tracing goes on without it
+            log.warning("rollout-tracer: the stuck-trajectory watchdog did not start (%s); "
+                        "tracing goes on without it", exc)  # fmt: skip
+            return
+        self.open_trajectories, self.watchdog = watchdog.open, watchdog
 
     # hot path
     def admit(self, step: Any, sample_index: Any, validate: bool) -> tuple[bool, Any]:
