@@ -93,6 +93,14 @@ def test_time_tab_draws_a_step_and_a_click_opens_the_slow_span(
             tmp_path / "time.png"  # fmt: skip
         page.screenshot(path=str(shot))
         assert shot.stat().st_size > 10_000
+        other = min(s for s in run["steps"] if s != step)  # a point of a curve: that step
+        page.locator(f'svg.time-curve .pt[data-step="{other}"]').first.click()
+        page.wait_for_function(f"location.hash.includes('step={other}') && "
+                               "document.body.dataset.ready === location.hash")  # fmt: skip
+        assert page.locator("#time-step").input_value() == str(other)
+        assert page.locator("#gantt .gantt-row").count() == SAMPLES
+        page.go_back()
+        page.wait_for_function("document.body.dataset.ready === location.hash")
         top = run["steps"][step]["top_straggler_trace_id"]
         assert rows.first.get_attribute("data-trace") == top
         rows.first.click()

@@ -58,6 +58,8 @@ def test_the_driver_logs_what_the_export_finds(
         assert m["timing/wall_p50_s"] == pytest.approx(want["wall_p50_ms"] / 1e3, rel=1e-6)
         assert m["timing/wall_max_s"] == pytest.approx(want["wall_max_ms"] / 1e3, rel=1e-6)
         assert m["timing/tail_ratio"] == pytest.approx(want["tail_ratio"], rel=1e-6)
+        assert m["timing/tail_wait_s"] == pytest.approx(want["tail_wait_ms"] / 1e3, abs=1e-5)
+        assert m["timing/stragglers"] == want["stragglers"]
         for part in ("generate", "tool", "reward", "gap"):
             assert m[f"timing/{part}_share"] == pytest.approx(want[f"{part}_share"], abs=1e-9)
         shares = json.loads(want["tool_shares"])
