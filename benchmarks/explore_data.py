@@ -33,9 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.timing_data import lay_out
 from tracer.readers.behaviour import behaviour
 from tracer.readers.schema import arrow_schema
 from tracer.readers.signature import signature
+from tracer.readers.steps_table import write_steps
 
 PAGE = 500
 TURNS = 3  # generate calls per trajectory; a tool call follows each
@@ -90,6 +92,7 @@ class Generator:
     def __init__(self, shape: Shape, seed: int = 0) -> None:
         self.shape = shape
         self.rng = np.random.default_rng(seed)
+        self.time_rng = np.random.default_rng([seed, 49])  # the timing's own draws
         # the dataset (words, sentences, questions) is the same whatever the seed, so runs made
         # with different seeds share their prompts, as a run and its baseline do
         dataset = np.random.default_rng(DATASET_SEED)
@@ -246,6 +249,7 @@ class Generator:
             "start_time": turns["start_time"] + 200_000,
             "latency_ms": rng.gamma(2.0, 20.0, count * TURNS),
         }
+        lay_out(self.time_rng, start, traj, turns, calls, TURNS)  # benchmarks/timing_data.py
         if s.scenario:
             from benchmarks.patterns_data import SCENARIOS
 
@@ -336,6 +340,7 @@ def generate(out: str, n: int, *, steps: int | None = None, group: int = 4,
     finally:
         for w in writers.values():
             w.close()
+    rows["steps"] = write_steps(os.path.join(out, "trajectories.parquet"), out, "parquet")[1]
     return rows
 
 

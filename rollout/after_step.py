@@ -14,6 +14,7 @@ from typing import Any
 from rollout.heatmap import kl_matrix, log_heatmap, render
 from rollout.step_health import StepHealth
 from rollout.step_patterns import StepPatterns, log_top_pattern
+from rollout.step_timing import step_timing
 from rollout.trainer_pass import TrainerPass
 
 
@@ -31,6 +32,7 @@ class AfterStep:
     def __call__(self, result: Any) -> dict[str, float]:
         metrics = self.health.counts(result)
         metrics.update(self.patterns.metrics(result))
+        metrics.update(step_timing(result))  # timing/*: where the step's time went
         if self.tracking is not None and self.patterns.top_text:
             log_top_pattern(self.tracking, int(result.step), self.patterns.top_text)
         if self.trainer_pass is None:

@@ -23,6 +23,7 @@ pl = pytest.importorskip("polars")
 
 from rollout.cli import main  # noqa: E402
 from tracer.readers import TABLES, export, read_tables  # noqa: E402
+from tracer.readers.schema import STEPS  # noqa: E402
 
 PROJECT = "export-test"
 
@@ -272,7 +273,7 @@ def test_import_tracer_stays_light() -> None:
 
 def test_schema_doc_lists_every_column() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "export-schema.md").read_text()
-    for name, columns in TABLES.items():
+    for name, columns in {**TABLES, "steps": STEPS}.items():
         section = doc.split(f"## `{name}`", 1)[1].split("\n## ", 1)[0]
         for column, kind, _ in columns:
             assert f"| `{column}` | {kind} |" in section, (name, column)

@@ -508,7 +508,8 @@ def test_a_thread_that_cannot_start_never_breaks_the_rollout(
     assert tracer.flush(timeout_s=30)
     assert sorted(r.sample_index for r in InMemoryExporter.latest().records) == [0, 1]
     names = [t.name for t in threading.enumerate() if t.name.startswith("rollout-tracer")]
-    assert sorted(names) == ["rollout-tracer", "rollout-tracer-memory"]  # one of each
+    assert sorted(names) == ["rollout-tracer", "rollout-tracer-memory",
+                             "rollout-tracer-watchdog"]  # one of each  # fmt: skip
     tracer.reset()
 
 

@@ -99,6 +99,10 @@ class TraceConfig:
     # how long an annotation waits for its trace to be stored (it has just ended, or the
     # backend is down) before it is counted annotation_lost
     annotation_timeout_s: float = 120.0
+    # the stuck-trajectory watchdog (tracer/watchdog.py): a trajectory open longer than this,
+    # or far longer than its step's typical one, is reported once (a log line, a metric)
+    # while it still runs; 0 turns the watchdog off
+    stuck_after_s: float = 600.0
     # backend options
     tracking_uri: str | None = None  # mlflow; default: MLFLOW_TRACKING_URI, then ./mlflow.db
     jsonl_path: str | None = None  # jsonl; default: ./traces/<project>/<experiment>.jsonl
@@ -147,6 +151,8 @@ class TraceConfig:
         if not (self.annotation_timeout_s >= 0):
             raise ConfigError(
                 f"annotation_timeout_s must be >= 0, got {self.annotation_timeout_s!r}")
+        if not (self.stuck_after_s >= 0):
+            raise ConfigError(f"stuck_after_s must be >= 0 (0: off), got {self.stuck_after_s!r}")
         if not (self.flush_interval_s > 0):
             raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s!r}")
         if self.export_max_retries < 0:

@@ -45,6 +45,10 @@ class Tracer:
         self.annotator: Any = None
         self._annotator_lock = threading.Lock()
         self.active = False
+        # traced trajectories, open or just ended: trace_attr adds each as it opens, the
+        # watchdog's thread removes it once it has ended (none are added without a watchdog)
+        self.open_trajectories: Any = _NOT_WATCHED
+        self.watchdog: Any = None
         self.keep_on = self.config.keep_on
         if not self.keep_on:  # the sampler decides alone: one Python call fewer per trajectory
             self.admit = self.sampler.admit  # type: ignore[method-assign]
@@ -78,8 +82,21 @@ class Tracer:
             return self
         self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
         self.submit = self.pipeline.submit  # type: ignore[method-assign]  # never raises
+        if self.config.stuck_after_s > 0:
+            self._start_watchdog()
         self.active = True
         return self
+
+    def _start_watchdog(self) -> None:
+        from tracer.watchdog import Watchdog
+
+        try:
+            watchdog = Watchdog(self.config, set()).start()
+        except RuntimeError as exc:  # no thread left: tracing goes on without it
+            log.warning("rollout-tracer: the stuck-trajectory watchdog did not start (%s); "
+                        "tracing goes on without it", exc)  # fmt: skip
+            return
+        self.open_trajectories, self.watchdog = watchdog.open, watchdog
 
     # hot path
     def admit(self, step: Any, sample_index: Any, validate: bool) -> tuple[bool, Any]:
@@ -161,6 +178,8 @@ class Tracer:
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         self.active = False
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.annotator is not None:
             self.annotator.close(self.config.shutdown_timeout_s if timeout_s is None
                                  else timeout_s)  # fmt: skip
@@ -177,7 +196,19 @@ class Tracer:
         out = self.pipeline.metrics() if self.pipeline is not None else {}
         if self.annotator is not None:
             out.update(self.annotator.metrics())
+        if self.watchdog is not None:
+            out.update(self.watchdog.metrics())
         return dict(out)
+
+
+class _NotWatched:
+    """The open-trajectory set of a tracer without a watchdog: keeps nothing."""
+
+    def add(self, traj: Any) -> None:
+        pass
+
+
+_NOT_WATCHED = _NotWatched()
 
 
 class _ExporterSource:

@@ -124,6 +124,7 @@ class trace_attr:
                 self._traj = traj = Trajectory(tracer, name, step, sample_index, rollout_n,
                                                bool(validate), policy_version, attrs,
                                                attempt)  # fmt: skip
+                tracer.open_trajectories.add(traj)  # the watchdog's (tracer/watchdog.py)
                 frame = (traj, traj.root_id)
         self._token = _current.set(frame)
         return self._traj

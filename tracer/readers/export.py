@@ -27,6 +27,7 @@ from tracer.readers.rows import Rows, records_rows
 from tracer.readers.schema import TABLES, arrow_schema
 from tracer.readers.selection import NoTrajectories, StoreNotFound, no_match
 from tracer.readers.sources import Selection, iter_records, parse_steps
+from tracer.readers.steps_table import write_steps
 from tracer.record import TrajectoryRecord
 
 FORMATS = ("parquet", "jsonl")
@@ -192,6 +193,7 @@ def _write_tables(
             writer.close()
         with contextlib.suppress(OSError):
             os.unlink(held)
+    files["steps"], counts["steps"] = write_steps(files["trajectories"], out, fmt)
     return ExportSummary(rows=counts, pages=pages_written, files=files)
 
 

@@ -27,6 +27,7 @@ from tracer.readers.health import FLAGS, STEP_FLAGS, Health, analyze
 from tracer.readers.patterns_report import habits_panel
 from tracer.readers.report_page import page
 from tracer.readers.svg import RewardColors, line_chart, strip_chart
+from tracer.readers.timing_report import time_panel
 from tracer.readers.token_report import token_panels, transcript_tokens
 
 MAX_TRANSCRIPTS = 2000
@@ -352,8 +353,9 @@ def build_report(tables: Tables, title: str | None = None) -> str:
     health = analyze(traj.to_dict("records"))
     linked = {t for name in FLAGS for t in health.examples(name, MAX_FLAG_EXAMPLES)}
     habits, habit_ids = habits_panel(traj)
-    body = _health_panel(health, MAX_FLAG_EXAMPLES) + habits + body
-    linked |= habit_ids
+    time_html, time_ids = time_panel(train)  # where the time went (readers/timing_report.py)
+    body = _health_panel(health, MAX_FLAG_EXAMPLES) + habits + time_html + body
+    linked |= habit_ids | time_ids
     return page(title, body, transcripts(tables, include=linked), token_meta)
 
 

@@ -19,6 +19,7 @@ from tracer.readers.behaviour import behaviour
 from tracer.readers.earned import reward_parts
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.readers.signature import scored_text, signature
+from tracer.readers.timing import record_timing
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
 
@@ -304,6 +305,7 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
         (t["name"] for t in tools), last_turn.get("finish_reason"),
         (scored_text(reward.inputs) if reward else None) or last_turn.get("response_text"),
         sum(response_counts) if response_counts else None)
+    trajectory.update(record_timing(record))  # where its wall time went (readers/timing.py)
     return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
 
 

@@ -63,6 +63,18 @@ TRAJECTORIES: list[Column] = [
     ("behaviour", "string", "the behaviour the patterns group by: `tools: ... | finish: ... | "
                   "reasoning: yes/no | answer: <form> | length: <class>` "
                   "(tracer/readers/behaviour.py)"),
+    # where the wall time went (tracer/readers/timing.py): the five parts add up to latency_ms
+    ("generate_ms", "float64", "time inside generate calls"),
+    ("tool_ms", "float64", "time inside tool calls (a tool call wins over a span it overlaps)"),
+    ("reward_ms", "float64", "time inside the reward"),
+    ("other_ms", "float64", "time inside other spans (parse, interaction, ...)"),
+    ("gap_ms", "float64", "time with no span open: queueing, scheduling, the loop's own code"),
+    ("tool_ms_by_name", "string", "JSON: tool_ms per tool name"),
+    ("slow_span_id", "string", "the trajectory's longest span (its transcript's slow span)"),
+    ("slow_span_kind", "string", "that span's kind (`tool`, `generate`, ...)"),
+    ("slow_span_name", "string", "its tool name (tool calls) or span name"),
+    ("slow_span_detail", "string", "its tool arguments (JSON) or `<n> tokens` (generate)"),
+    ("slow_span_ms", "float64", "its duration in milliseconds"),
 ]
 
 TURNS: list[Column] = [
@@ -122,6 +134,34 @@ TOKENS: list[Column] = [
     ("ref_kl_k1", "float64", "k1 of the same: train_logprob - ref_logprob"),
 ]  # fmt: skip
 
+# one row per (step, validate): tracer/readers/timing.py's step_summaries; written beside the
+# four tables as steps.parquet (not one of TABLES: it is derived from the trajectories table)
+STEPS: list[Column] = [
+    ("step", "int64", "training step"),
+    ("validate", "bool", "true for validation rollouts"),
+    ("trajectories", "int64", "trajectories of the step"),
+    ("wall_p50_ms", "float64", "median trajectory wall time (latency_ms)"),
+    ("wall_p90_ms", "float64", "90th percentile of the wall time"),
+    ("wall_p99_ms", "float64", "99th percentile of the wall time"),
+    ("wall_max_ms", "float64", "the slowest trajectory's wall time"),
+    ("tail_ratio", "float64", "wall_p99_ms / wall_p50_ms"),
+    ("tail_wait_ms", "float64", "last trajectory's end minus the 90th percentile of the ends: "
+                                "how long the step waited for its tail"),
+    ("generate_share", "float64", "sum of generate_ms over the summed wall time"),
+    ("tool_share", "float64", "sum of tool_ms over the summed wall time"),
+    ("reward_share", "float64", "sum of reward_ms over the summed wall time"),
+    ("other_share", "float64", "sum of other_ms over the summed wall time"),
+    ("gap_share", "float64", "sum of gap_ms over the summed wall time (the five add up to 1)"),
+    ("tool_shares", "string", "JSON: each tool's share of the summed wall time"),
+    ("stragglers", "int64", "trajectories over 3x the step's median and 25 ms over it"),
+    ("top_straggler_trace_id", "string", "the slowest straggler"),
+    ("top_straggler_cause", "string", "its slow span: `tool <name>`, `generate <name>`, or "
+                                      "`gap` when time between spans outweighs it"),
+    ("top_straggler_detail", "string", "the slow span's tool arguments or token count"),
+    ("top_straggler_span_id", "string", "the slow span (its transcript opens there)"),
+    ("top_straggler_ms", "float64", "the slowest straggler's wall time"),
+]
+
 TABLES: dict[str, list[Column]] = {
     "trajectories": TRAJECTORIES,
     "turns": TURNS,
@@ -147,9 +187,10 @@ def _arrow_type(name: str) -> Any:
 
 
 def arrow_schema(table: str) -> Any:
-    """The ``pyarrow.Schema`` of one of :data:`TABLES`."""
+    """The ``pyarrow.Schema`` of one of :data:`TABLES`, or of ``steps``."""
     import pyarrow as pa
 
+    columns = STEPS if table == "steps" else TABLES[table]
     fields = [pa.field(name, _arrow_type(kind), metadata={"doc": doc}) for name, kind, doc in
-              TABLES[table]]  # fmt: skip
+              columns]  # fmt: skip
     return pa.schema(fields, metadata={"rollout_tracer.export_schema": str(EXPORT_SCHEMA_VERSION)})

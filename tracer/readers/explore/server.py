@@ -34,6 +34,8 @@
                                        Computed once per export in the background (503 with
                                        its percent meanwhile; pattern_table.py)
     GET /api/compare?step=3&prompt=<text>  the same prompt at the same step in every run
+    GET /api/timing?step=3&validate=false&top=100
+                                       the Time tab (static/time.js): see time_view.py
 
 Every endpoint takes ``run=<name>`` (default: the first). Errors are JSON ``{"error": ...}``
 with status 400 (bad input), 404 (unknown run or id) or 503 (index still building); an
@@ -59,7 +61,7 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from tracer.readers.explore import across, steps
+from tracer.readers.explore import across, steps, time_view
 from tracer.readers.explore.cache import prune_folder
 from tracer.readers.explore.filters import ApiError, parse_int
 from tracer.readers.explore.pattern_table import PatternTables
@@ -286,11 +288,12 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
     "/api/steps": (Explorer._steps, set()),
     "/api/patterns": (Explorer._patterns, {"step", "top"}),
     "/api/compare": (Explorer._compare, {"step", "prompt", "id"}),
+    "/api/timing": (lambda ex, q: time_view.api(ex.store, q), {"step", "validate", "top"}),
 }
 
 
-def page_html() -> bytes:
-    page = resources.files("tracer.readers.explore").joinpath("static/explore.html")
+def page_html(name: str = "explore.html") -> bytes:
+    page = resources.files("tracer.readers.explore").joinpath(f"static/{name}")
     return page.read_bytes()
 
 
@@ -357,6 +360,9 @@ class Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         if url.path in ("/", "/index.html"):
             self._send(200, page_html(), "text/html; charset=utf-8")
+            return
+        if url.path == "/time.js":  # the Time tab's script
+            self._send(200, page_html("time.js"), "text/javascript; charset=utf-8")
             return
         try:
             query = parse_qs(url.query, keep_blank_values=True, max_num_fields=100)

@@ -1,0 +1,184 @@
+"""The stuck-trajectory watchdog: reports, once and while it still runs, a trajectory open far
+too long.
+
+The hot path does one thing for it: ``trace_attr`` adds the trajectory to its tracer's set of
+open trajectories when it opens (one C call). This module's thread looks at that set every
+tick, on its own: it never touches the rollout's threads. A trajectory that has ended (its end
+timestamp, which ``trace_attr`` takes anyway, is set) leaves the set there, and its wall time
+counts towards its step's typical one. One still open is stuck when it has been open longer
+than ``stuck_after_s``, or longer than ``TYPICAL_FACTOR`` times its step's typical wall time
+(the median of the step's ended trajectories, once ``MIN_TYPICAL`` have ended) and at least
+``TYPICAL_FLOOR_S``. An ended trajectory stays referenced until the next tick (at most a
+second), as it does in the pipeline's buffer. Each stuck trajectory is reported once: one log line
+naming its tags, trace id and open span (a tool call's name and arguments), and the counter
+``tracer/stuck_trajectories``. The loop is guarded (an error is counted, logged once, and the
+loop goes on) and restarts in a forked child.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import statistics
+import threading
+import time
+import weakref
+from typing import Any
+
+from tracer.errors import log_every
+
+log = logging.getLogger("tracer")
+
+TYPICAL_FACTOR = 50.0
+TYPICAL_FLOOR_S = 2.0
+MIN_TYPICAL = 5  # finished trajectories of a step before its typical time counts
+_WALLS_PER_STEP = 256
+_STEPS_KEPT = 16
+_ARGS_CHARS = 300
+
+
+def _plain(value: Any) -> Any:
+    from tracer.snapshot import Json, json_value
+
+    if isinstance(value, Json):
+        return json_value(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def describe_span(span: Any, now_ns: int) -> str:
+    """``tool python arguments={...} (open 12.0 s)``: what a trajectory is waiting on."""
+    open_s = (now_ns - span.start_ns) / 1e9
+    inputs = _plain(span.inputs)
+    if span.kind == "tool" and isinstance(inputs, dict):
+        name = inputs.get("name", inputs.get("tool_name", span.name))
+        args = inputs.get("arguments", {k: v for k, v in inputs.items() if k != "name"})
+        text = json.dumps(args, ensure_ascii=False, default=str, sort_keys=True)
+        if len(text) > _ARGS_CHARS:
+            text = text[: _ARGS_CHARS - 1] + "…"
+        return f"tool {name} arguments={text} (open {open_s:.1f} s)"
+    return f"{span.kind} {span.name} (open {open_s:.1f} s)"
+
+
+class Watchdog:
+    """``Watchdog(config, open_trajectories).start()``; ``stop()``; ``metrics()``."""
+
+    def __init__(self, config: Any, open_trajectories: set[Any]) -> None:
+        self.limit_s = float(config.stuck_after_s)
+        self.open = open_trajectories  # the tracer's; the hot path adds and removes
+        self.interval_s = min(1.0, max(0.02, self.limit_s / 10))
+        self._init_state()
+        ref = weakref.WeakMethod(self._after_fork)
+        os.register_at_fork(after_in_child=lambda: (m := ref()) and m())
+
+    def _init_state(self) -> None:
+        self.reported: set[int] = set()  # id() of the open trajectories reported
+        self.walls: collections.OrderedDict[Any, collections.deque[float]] = (
+            collections.OrderedDict()
+        )
+        self.stuck_total = 0
+        self.stuck_open = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def _after_fork(self) -> None:
+        # the parent's threads do not exist here; its open trajectories are not this process's
+        running = self.thread is not None and not self._stop.is_set()
+        self.open.clear()
+        self._init_state()
+        if running:
+            self.start()
+
+    def start(self) -> Watchdog:
+        thread = threading.Thread(target=self._loop, name="rollout-tracer-watchdog", daemon=True)
+        thread.start()
+        self.thread = thread
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+        self.open.clear()  # nothing reads it any more: hold no trajectory
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.tick(time.time_ns())
+            except Exception as exc:  # a background loop cannot die
+                self.errors += 1
+                if log_every(self.errors):
+                    log.warning(
+                        "rollout-tracer: the stuck-trajectory watchdog failed (%s: %s); "
+                        "it goes on [%d so far]",
+                        type(exc).__name__,
+                        exc,
+                        self.errors,
+                    )
+
+    def typical_s(self, step: Any, validate: Any) -> float | None:
+        walls = self.walls.get((step, bool(validate)))
+        if walls is None or len(walls) < MIN_TYPICAL:
+            return None
+        return statistics.median(walls)
+
+    def _finished(self, traj: Any) -> None:
+        key = (traj.step, bool(traj.validate))
+        walls = self.walls.get(key)
+        if walls is None:
+            walls = self.walls[key] = collections.deque(maxlen=_WALLS_PER_STEP)
+            while len(self.walls) > _STEPS_KEPT:
+                self.walls.popitem(last=False)
+        walls.append((traj.end_ns - traj.start_ns) / 1e9)
+
+    def tick(self, now_ns: int) -> None:
+        """One look at the open trajectories (the watchdog's thread; tests call it too)."""
+        current = {}
+        for traj in list(self.open):  # list(set): one C call, atomic under the GIL
+            if traj.end_ns:  # ended since the last tick: its wall time is typical data
+                self.open.discard(traj)
+                self._finished(traj)
+            else:
+                current[id(traj)] = traj
+        self.reported &= current.keys()
+        stuck = 0
+        for key, traj in current.items():
+            age_s = (now_ns - traj.start_ns) / 1e9
+            limit = self.limit_s
+            typical = self.typical_s(traj.step, traj.validate)
+            if typical is not None:
+                limit = min(limit, max(TYPICAL_FACTOR * typical, TYPICAL_FLOOR_S))
+            if age_s <= limit:
+                continue
+            stuck += 1
+            if key not in self.reported:
+                self.reported.add(key)
+                self.stuck_total += 1
+                self._report(traj, age_s, typical, now_ns)
+        self.stuck_open = stuck
+
+    def _report(self, traj: Any, age_s: float, typical: float | None, now_ns: int) -> None:
+        spans = [s for s in list(traj.spans) if not s.end_ns]
+        what = describe_span(spans[-1], now_ns) if spans else "no span open"
+        why = f"stuck_after_s={self.limit_s:g}"
+        if typical is not None:
+            why += f"; its step's typical {typical:.2f} s"
+        attrs = "".join(f" {k}={v!r}" for k, v in (traj.attributes or {}).items())
+        log.warning(
+            "rollout-tracer: trajectory still open after %.1f s (%s): step=%s sample_index=%s "
+            "rollout_n=%s validate=%s attempt=%s%s trace_id=%s; open span: %s",
+            age_s, why, traj.step, traj.sample_index, traj.rollout_n, traj.validate,
+            traj.attempt, attrs, traj.trace_id, what)  # fmt: skip
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "tracer/stuck_trajectories": self.stuck_total,  # reported, each once
+            "tracer/stuck_open": self.stuck_open,  # open and stuck at the last tick
+            "tracer/watchdog_alive": int(self.thread is not None and self.thread.is_alive()),
+            "tracer/watchdog_errors": self.errors,
+        }
