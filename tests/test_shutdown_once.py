@@ -26,6 +26,7 @@ from tests._wait import wait_for
 from tests.conftest import search_traces
 from tracer.backends import register_backend
 from tracer.backends.base import ExportResult
+from tracer.batch_queue import BatchQueue
 from tracer.spool import BackendSpool, SpoolError, batch_size
 
 pytest.importorskip("mlflow")
@@ -274,9 +275,9 @@ def test_two_offers_to_the_spool_never_write_one_batch_twice(
     """A batch the full disk refused waits in memory. The worker's regular offer to the spool
     writes it (slowly: a loaded disk) while shutdown's final offer, which skipped the rate
     limit and wrote outside the lock, wrote it too: two files, one replayed as a duplicate."""
-    real_write = BackendSpool.write
+    real_write, real_respool = BackendSpool.write, BatchQueue._respool
     state = {"full": True}
-    entered, release = threading.Event(), threading.Event()
+    entered, release, slow_pass_done = threading.Event(), threading.Event(), threading.Event()
 
     def write(self: BackendSpool, lines: list[bytes]) -> Path | None:
         if state["full"]:
@@ -286,7 +287,16 @@ def test_two_offers_to_the_spool_never_write_one_batch_twice(
             release.wait(60)
         return real_write(self, lines)
 
+    def respool(self: BatchQueue, final: bool) -> int:
+        slow = not final and not entered.is_set()
+        try:
+            return real_respool(self, final)
+        finally:
+            if slow and entered.is_set():  # the slow offer is over, its batch placed
+                slow_pass_done.set()
+
     monkeypatch.setattr(BackendSpool, "write", write)
+    monkeypatch.setattr(BatchQueue, "_respool", respool)
     SCRIPT.fail_first = 10**6  # the backend is down: the batch waits
     SCRIPT.fail_s = 0.0
     tracer.init(config(tmp_path, {"backend": "scripted_mlflow", "tracking_uri": mlflow_uri},
@@ -301,6 +311,7 @@ def test_two_offers_to_the_spool_never_write_one_batch_twice(
     final.join(1.0)  # it waits for the offer in progress (or, before the fix, wrote a copy)
     release.set()
     final.join(30)
-    wait_for(lambda: worker.oldest_in_memory_ns() is None, "the batch on disk")
+    assert slow_pass_done.wait(30)
+    assert worker.oldest_in_memory_ns() is None  # on disk
     files = spooled(tmp_path / "spool")
     assert [batch_size(f) for f in files] == [5], files
