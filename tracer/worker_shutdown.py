@@ -26,11 +26,14 @@ def stop_worker(w: ExportWorker, deadline: float, errors: InternalErrors) -> boo
     if not stopped and w.exporter.abort():  # e.g. a hung export process: killed
         stopped = w.stop(time.monotonic() + 2.0)  # its call ends; the batch is spooled
     if not stopped:
-        since = w.inflight_since
+        # the wait before a retry ends at stop(): a thread still here is in a call (or, on a
+        # thread starved of the GIL, not yet out of that wait: said as it is)
+        waiting = w.retry_wait_since
+        since = waiting or w.inflight_since
+        what = "is waiting to retry" if waiting else "is stuck in an export call"
         log.error(
-            "rollout-tracer: backend %s is stuck in an export call (%.0f s); not shutting it "
-            "down (never two calls at once)",
-            w.name, time.monotonic() - since if since else 0.0)  # fmt: skip
+            "rollout-tracer: backend %s %s (%.0f s); not shutting it down (never two calls "
+            "at once)", w.name, what, time.monotonic() - since if since else 0.0)  # fmt: skip
     else:
         try:
             w.exporter.force_flush(max(0.1, deadline - time.monotonic()))
