@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tracer")
 
 RESPOOL_INTERVAL_S = 0.5  # how often batches the spool refused (disk full) are offered again
+FINAL_OFFER_WAIT_S = 2.0  # how long shutdown's last offer waits for one in progress
 
 # Reasons a trajectory can be lost, as they appear in metrics (``tracer/<backend>/dropped/...``).
 DROP_REASONS = (
@@ -176,12 +177,14 @@ class BatchQueue:
     def respool(self, *, final: bool = False) -> int:
         """Offer the spool the batches it refused earlier (disk full, read-only), oldest first,
         at most every ``RESPOOL_INTERVAL_S`` unless ``final``; stops at the first refusal.
-        One offer at a time: a ``final`` one waits for one in progress, so no batch gets two
+        One offer at a time: a ``final`` one waits for one in progress (up to
+        ``FINAL_OFFER_WAIT_S``: a hung disk must not hold shutdown), so no batch gets two
         spool files. Returns how many trajectories are still only in memory, or -1 when
         it is not time yet (or another offer is running)."""
         if self.spool is None:
             return 0
-        if not self._respooling.acquire(blocking=final, timeout=10.0 if final else -1):
+        wait = FINAL_OFFER_WAIT_S if final else -1
+        if not self._respooling.acquire(blocking=final, timeout=wait):
             return -1
         try:
             return self._respool(final)
