@@ -165,6 +165,7 @@ def stored(store: dict[str, Any]) -> list[str]:
     return [t.info.trace_id for t in search_traces(uri, exp)]
 
 
+@pytest.mark.slow(seconds=8)
 def test_a_slowly_failing_backend_gets_no_call_after_the_deadline_and_each_trajectory_once(
     tmp_path: Path, store: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -199,6 +200,7 @@ def test_a_slowly_failing_backend_gets_no_call_after_the_deadline_and_each_traje
     assert len(set(stored(store))) == len(stored(store)) == 6
 
 
+@pytest.mark.slow(seconds=8)
 def test_a_call_in_flight_at_the_deadline_leaves_its_batch_in_doubt(
     tmp_path: Path, store: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -300,7 +302,7 @@ def test_two_offers_to_the_spool_never_write_one_batch_twice(
     SCRIPT.fail_first = 10**6  # the backend is down: the batch waits
     SCRIPT.fail_s = 0.0
     tracer.init(config(tmp_path, {"backend": "scripted_mlflow", "tracking_uri": mlflow_uri},
-                       export_max_retries=0))  # fmt: skip
+                       export_max_retries=0, shutdown_timeout_s=1))  # fmt: skip
     trace(5)
     worker = tracer.get_tracer().pipeline.workers[0]
     wait_for(lambda: worker.spool_errors >= 1 and SCRIPT.calls, "a refusal and a failed call")
