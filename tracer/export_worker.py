@@ -1,20 +1,20 @@
-"""One export worker per backend: its batches oldest first, a thread, retries with backoff, the
-backend's spool (``tracer.spool``), and counters that reconcile. Used by ``tracer.pipeline``.
-
-Every batch goes to the backend's spool file before it is queued, when the spool can take it
-(a backend that ``writes_ahead``, JSONL, is written at once instead, on the thread that hands
-the batch over, and only a batch it refuses goes to the spool); when the spool cannot (disk
-full, read-only, over ``max_spool_bytes``), the batch is kept in memory and exported from
-there, the failure is counted, and the spool is offered the batch again every
-``RESPOOL_INTERVAL_S`` (and at shutdown) until it takes it: a disk full for a few seconds
-leaves nothing only in memory for longer than that. A trajectory is lost only when neither
-memory nor the spool can hold it, and then it is counted by reason.
+"""One export worker per backend: a thread that hands the oldest batch of its line
+(``tracer.batch_queue``) to an export call, retries with backoff, and settles it. Used by
+``tracer.pipeline``.
 
 A backend that still fails after retries is marked down: its batches wait (on disk, or in
 memory within the bound) and the oldest one probes it every ``replay_interval_s``, more often
 while someone waits in ``flush``. When a probe works, everything waiting is exported in order
 (orphans of dead processes included), each once: any batch that may have reached the backend
 before is sent with ``replay=True`` so the backend checks before adding.
+
+Shutdown has a deadline (``closing``). From then on no call begins that could not end by it
+(a retry or a probe as long as the last failed call, or any call at all after it), the wait
+between retries ends at ``stop()``, and a batch is either stored (its spool file gone) or in
+the spool (not stored). The one case left open is a call already running at the deadline:
+its batch stays in the spool marked in doubt (``tracer.batch``); a backend that deduplicates
+by trace id adds nothing when it is replayed, and for one that does not the shutdown line
+and ``tracer/<backend>/in_doubt`` say how many may arrive twice.
 
 The loop cannot die: every iteration is guarded, and a batch being exported stays at the head
 of the line until it is settled, so an unexpected error retries it rather than losing it.
@@ -23,19 +23,18 @@ of the line until it is settled, so an unexpected error retries it rather than l
 from __future__ import annotations
 
 import bisect
-import collections
-import errno
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
-from tracer.errors import InternalErrors, log_every, say_at_shutdown
+from tracer.batch import Batch, Owner
+from tracer.batch_queue import RESPOOL_INTERVAL_S, BatchQueue
+from tracer.errors import InternalErrors
 from tracer.outage import OutageLog
 from tracer.record import TrajectoryRecord
-from tracer.spool import BackendSpool, SpoolError, batch_size, batch_sort_key, read_batch
+from tracer.spool import BackendSpool, batch_size, is_in_doubt, read_batch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -45,62 +44,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("tracer")
 
 ORPHAN_SCAN_INTERVAL_S = 30.0
-RESPOOL_INTERVAL_S = 0.5  # how often batches the spool refused (disk full) are offered again
 FLUSH_PROBE_INTERVAL_S = 0.25  # how often a down backend is probed while flush() waits
 
-# Reasons a trajectory can be lost, as they appear in metrics (``tracer/<backend>/dropped/...``).
-DROP_REASONS = (
-    "buffer_full",  # the hot buffer was full and the spool could not take the overflow
-    "spool_full",  # the backend was behind, memory full, and the spool over max_spool_bytes
-    "spool_error",  # the same, but the spool's file system refused the write
-    "spool_lost",  # a spool file vanished or became unreadable before it was exported
-    "rejected_by_backend",  # the backend refused the batch for good (ExportResult.REJECTED)
-    "after_shutdown",  # finished after shutdown()
-    "unexported_at_exit",  # only in memory (no spool) when the tracer shut down, backend down
-    "disk_full_at_shutdown",  # only in memory at shutdown, and the spool's disk still full
-    "spool_error_at_shutdown",  # the same, the spool refusing for another reason (read-only...)
-    "build_error",  # the record could not be built (an internal error, logged)
-    "internal_error",  # a tracer bug in the pipeline itself (logged, and raised in our tests)
-    "evicted_by_sampling",  # displaced by a sample with a lower hash (not a loss: by design)
-    "not_kept",  # a tail candidate no keep rule kept, or with no room to wait (by design)
-)
 
-
-def _at_shutdown(exc: SpoolError) -> str:
-    """The drop reason of a batch the spool refused with ``exc`` at shutdown."""
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return "disk_full_at_shutdown" if full else "spool_error_at_shutdown"
-
-
-class _Batch:
-    __slots__ = ("attempted", "born_ns", "first_try", "key", "lines", "n", "nbytes", "own", "path",
-                 "records", "seq", "settling")  # fmt: skip
-
-    def __init__(
-        self,
-        seq: int | None,
-        records: list[TrajectoryRecord] | None,
-        path: Path | None,
-        n: int,
-        nbytes: int,
-        born_ns: int = 0,
-    ) -> None:
-        self.born_ns = born_ns or time.time_ns()  # when its oldest trajectory finished
-        self.seq = seq  # lowest sequence number of its trajectories; None for an orphan
-        self.own = seq is not None
-        self.records = records  # None when it lives only in its spool file
-        self.lines: list[bytes] | None = None  # the records' JSON lines, while in memory
-        self.path = path
-        self.n = n
-        self.nbytes = nbytes
-        self.attempted = False  # sent once already: may be (partly) stored, replay with care
-        self.first_try = False  # refused once when handed over: still gets the usual retries
-        self.settling = False  # stored: the spool must not take a new copy of it now
-        self.key = batch_sort_key(path) if path is not None else (time.time_ns(), "")
-
-
-class ExportWorker:
-    """One backend's batches, thread, retries and spool; see the module docstring."""
+class ExportWorker(BatchQueue):
+    """One backend's thread, calls and retries over its line of batches; see the module
+    docstrings here and in ``tracer.batch_queue``."""
 
     def __init__(
         self,
@@ -109,44 +58,28 @@ class ExportWorker:
         errors: InternalErrors,
         spool: BackendSpool | None,
     ) -> None:
-        self.exporter = exporter
-        self.name = exporter.name
-        self.outage = OutageLog(exporter.name, getattr(exporter, "destination", "") or "")
         # a byte-oriented backend writes the spool's lines; keep them in memory only for one
-        self.wants_lines = type(exporter).export_encoded is not Exporter.export_encoded
+        wants_lines = type(exporter).export_encoded is not Exporter.export_encoded
+        super().__init__(exporter.name, config, spool, wants_lines)
+        self.exporter = exporter
+        self.outage = OutageLog(exporter.name, getattr(exporter, "destination", "") or "")
         # a backend whose stored lines outlive the process as a spool file would is written
         # at once by put(), on the caller's thread: one copy of each batch on disk, not two
         self.writes_ahead = self.wants_lines and bool(getattr(exporter, "writes_ahead", False))
+        self.deduplicates = bool(getattr(exporter, "deduplicates", True))
         self._calling = threading.Lock()  # one exporter call at a time: the thread's or put()'s
-        self.config = config
         self.errors = errors
-        self.spool = spool
-        self.cond = threading.Condition()
-        self.todo: list[_Batch] = []  # everything not exported yet, oldest first
-        self.held = 0  # trajectories whose records are in memory
-        self.held_bytes = 0
         self.down = False
         self.next_probe = 0.0
         self.flush_until = 0.0  # while a flush waits, probe a down backend more often
         self.close_at = 0.0  # shutdown's deadline once it began: no export call outlasts it
-        self.next_respool = 0.0  # when memory-only batches are next offered to the spool
-        self.refused_because = "spool_error_at_shutdown"  # the spool's last refusal, as a reason
-        self.inflight_since = 0.0  # monotonic start of the export call in progress, or 0
+        self.retry_wait_since = 0.0  # monotonic start of the wait before a retry, or 0
         self.last_probe = 0.0
         self.failed_call_s = 0.0  # the longest failed probe of this outage
         self.thread: threading.Thread | None = None
         self.stopping = False
-        self.abandoned = False  # shutdown reported what is left: a late batch goes to the spool
         # a spool may hold batches of dead processes: look at once, then every 30 s
         self.next_orphan_scan = 0.0 if spool is not None else float("inf")
-        # counters
-        self.exported = 0  # own trajectories stored
-        self.replayed = 0  # trajectories stored by a replay (after a failure, or orphans)
-        self.orphans_replayed = 0  # of those, from other (dead) processes' spool files
-        self.retries = 0
-        self.spool_errors = 0
-        self.loop_errors = 0
-        self.dropped: collections.Counter[str] = collections.Counter()
 
     # producer side (processing thread, or the rollout's thread on overflow) ----------------
     def start(self) -> None:
@@ -172,7 +105,7 @@ class ExportWorker:
         refuses is spooled and queued). ``born_ns``: when its oldest trajectory finished (the
         durability lag's clock)."""
         if self.abandoned:
-            self._put_late(seq, records, lines, nbytes, born_ns)
+            self.put_late(seq, records, lines, nbytes, born_ns)
             return
         first_try = False
         if self.writes_ahead and lines:
@@ -180,108 +113,11 @@ class ExportWorker:
             if stored is not None:
                 if stored is ExportResult.REJECTED:
                     with self.cond:
-                        self._drop(_Batch(seq, None, None, len(records), nbytes, born_ns),
+                        self._drop(Batch(seq, None, None, len(records), nbytes, born_ns),
                                    "rejected_by_backend")  # fmt: skip
                 return
             first_try = True
-        path, reason = None, "spool_full"
-        if self.spool is not None and lines:
-            try:
-                path = self.spool.write(lines)
-            except SpoolError as exc:
-                reason = "spool_error"
-                with self.cond:
-                    self.refused_because = _at_shutdown(exc)
-                    self.spool_errors += 1
-                    n = self.spool_errors
-                if log_every(n):
-                    log.warning(
-                        "rollout-tracer: cannot write the %s spool (%s); exporting from memory "
-                        "[%d spool errors]", self.name, exc, n)  # fmt: skip
-        n = len(records)
-        with self.cond:
-            late = self.abandoned  # shutdown reported what was left while this was written
-            if not late:
-                batch = _Batch(seq, records, path, n, nbytes, born_ns)
-                batch.attempted = batch.first_try = first_try  # it may be stored in part
-                if not self._room(n, nbytes):
-                    self._spill(n, nbytes)
-                if self._room(n, nbytes):
-                    self.held += n
-                    self.held_bytes += nbytes
-                    # a batch only memory holds keeps its lines: the spool is offered them again
-                    batch.lines = lines if self.wants_lines or path is None else None
-                elif path is not None:
-                    batch.records = None  # memory stays bounded: the spool file has it
-                else:
-                    self._drop(batch, reason if self.spool is not None else "buffer_full")
-                    return
-                bisect.insort(self.todo, batch, key=lambda b: b.key)
-                self.cond.notify_all()
-        if late:
-            self._put_late(seq, records, lines, nbytes, born_ns, path, tried=True)
-            return
-        if path is not None:
-            self.respool()  # the disk takes batches again: the older memory-only ones too
-
-    def _put_late(self, seq: int, records: list[TrajectoryRecord], lines: list[bytes] | None,
-                  nbytes: int, born_ns: int, path: Path | None = None,
-                  tried: bool = False) -> None:  # fmt: skip
-        """A batch handed on after shutdown reported what was left (the processing thread was
-        held past its deadline): to the spool, for a later replay, with a line that says so;
-        counted lost when the spool cannot take it. Never exported from here. ``tried``: the
-        spool was offered it already (``path``, None when it refused)."""
-        if not tried and self.spool is not None and lines:
-            try:
-                path = self.spool.write(lines)
-            except SpoolError:
-                path = None
-        with self.cond:
-            batch = _Batch(seq, None, path, len(records), nbytes, born_ns)
-            if path is None:
-                self._drop(batch, "unexported_at_exit")
-                return
-            bisect.insort(self.todo, batch, key=lambda b: b.key)  # pending, on disk
-        assert self.spool is not None
-        say_at_shutdown(
-            f"rollout-tracer: {batch.n} trajectories for {self.name} were processed after "
-            f"shutdown; they are kept in {self.spool.dir}. Export them with: rollout-tracer "
-            f"replay --spool-dir {self.spool.dir.parent}")  # fmt: skip
-
-    def respool(self, *, final: bool = False) -> int:
-        """Offer the spool the batches it refused earlier (disk full, read-only), oldest first,
-        at most every ``RESPOOL_INTERVAL_S`` unless ``final``; stops at the first refusal.
-        Returns how many trajectories are still only in memory (waiting, own or not)."""
-        if self.spool is None:
-            return 0
-        with self.cond:
-            now = time.monotonic()
-            if not final and now < self.next_respool:
-                return -1
-            self.next_respool = now + RESPOOL_INTERVAL_S
-            waiting = [(b, b.lines) for b in self.todo
-                       if b.path is None and b.lines is not None and not b.settling]  # fmt: skip
-        for b, lines in waiting:
-            try:
-                path = self.spool.write(lines)
-            except SpoolError as exc:
-                path = None
-                self.refused_because = _at_shutdown(exc)
-            else:
-                if path is None:
-                    self.refused_because = "spool_full"  # over max_spool_bytes
-            if path is None:
-                break  # still refused: the next offer is RESPOOL_INTERVAL_S away
-            with self.cond:
-                kept = not b.settling and b in self.todo
-                if kept:
-                    b.path = path  # its place in line (its key) stays
-                    if not self.wants_lines:
-                        b.lines = None
-            if not kept:  # stored meanwhile: this copy must not be replayed
-                self.spool.delete(path)
-        with self.cond:
-            return sum(b.n for b in self.todo if b.path is None)
+        self.spool_and_queue(seq, records, lines, nbytes, born_ns, first_try)
 
     def _write_ahead(self, records: list[TrajectoryRecord],
                      lines: list[bytes]) -> ExportResult | None:  # fmt: skip
@@ -292,9 +128,9 @@ class ExportWorker:
             return None
         try:
             with self.cond:
-                if self.todo or self.down or self.stopping:
+                if self.todo or self.down or not self._may_call(0.0):
                     return None
-            result = self._export(records, lines, 0, False)  # one try, counted as any
+            result, _attempts, _stopped = self._export(records, lines, 0, False)
             if result is ExportResult.FAILURE:
                 return None
             if result is ExportResult.SUCCESS:
@@ -304,35 +140,6 @@ class ExportWorker:
             return result
         finally:
             self._calling.release()
-
-    def _room(self, n: int, nbytes: int) -> bool:
-        return (
-            self.held + n <= self.config.max_buffer_trajectories
-            and self.held_bytes + nbytes <= self.config.max_buffer_bytes
-        )
-
-    def _spill(self, n: int, nbytes: int) -> None:
-        """Make room by letting go of in-memory copies of batches that are on disk (newest
-        first: the oldest are exported next)."""
-        for b in reversed(self.todo):
-            if self._room(n, nbytes):
-                return
-            if b.records is not None and b.path is not None and b is not self._head_inflight():
-                b.records = b.lines = None
-                self.held -= b.n
-                self.held_bytes -= b.nbytes
-
-    def _head_inflight(self) -> _Batch | None:
-        return self.todo[0] if self.todo and self.inflight_since else None
-
-    def _drop(self, batch: _Batch, reason: str) -> None:
-        """Count a batch as lost (caller holds ``cond``)."""
-        self.dropped[reason] += batch.n
-        total = sum(self.dropped.values())
-        log.error(
-            "rollout-tracer: %d trajectories lost for %s (%s); %d lost so far",
-            batch.n, self.name, reason, total)  # fmt: skip
-        self.cond.notify_all()
 
     # the worker thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -347,12 +154,16 @@ class ExportWorker:
                 self.errors.report(f"export worker {self.name}", exc, background=True)
                 time.sleep(0.05)  # never spin on a persistent error
 
-    def _step(self) -> bool:
-        """One iteration: wait for work, export the oldest batch. False when stopped."""
-        if self.spool is not None and time.monotonic() >= self.next_orphan_scan:
-            self.next_orphan_scan = time.monotonic() + ORPHAN_SCAN_INTERVAL_S
-            self._adopt_orphans()
-        self.respool()
+    def _may_call(self, takes_s: float) -> bool:
+        """Whether an export call that takes ``takes_s`` may begin now: not after stop(),
+        and not when it could not end by shutdown's deadline (caller holds ``cond``)."""
+        if self.stopping or self.abandoned:
+            return False
+        return not self.close_at or time.monotonic() + takes_s < self.close_at
+
+    def _next_batch(self) -> Batch | bool:
+        """Wait for a batch to export now (still the line's). False when stopped; True when
+        something else is due first (an orphan scan, an offer to the spool)."""
         with self.cond:
             while True:
                 if self.stopping:
@@ -361,12 +172,12 @@ class ExportWorker:
                 if any(b.path is None and b.lines is not None for b in self.todo) and (
                         self.spool is not None and now >= self.next_respool):  # fmt: skip
                     return True  # time to offer the spool the batches it refused
-                if self.close_at and now >= self.close_at:
+                if not self._may_call(0.0):
                     # shutdown's deadline passed: it says where each batch is; a call begun
                     # now would go on behind its back. Wait for stop().
                     self.cond.wait(RESPOOL_INTERVAL_S)
                     continue
-                if self.todo:
+                if self.todo and self.todo[0].waiting:
                     if not self.down:
                         break
                     probe_at = self.next_probe
@@ -375,7 +186,7 @@ class ExportWorker:
                         if now + self.failed_call_s > self.flush_until:
                             # a probe now could outlast the flush; a shutdown may follow it
                             probe_at = max(probe_at, self.flush_until + 1.0)
-                    if self.close_at and now + self.failed_call_s > self.close_at:
+                    if not self._may_call(self.failed_call_s):
                         # shutdown began: a probe that cannot end by its deadline would be
                         # left running, exporting after shutdown() said the batches wait in
                         # the spool; also after the flush ended, until stop() comes
@@ -389,8 +200,18 @@ class ExportWorker:
                         0.01, self.next_orphan_scan - now)))  # fmt: skip
                     if not self.todo and time.monotonic() >= self.next_orphan_scan:
                         return True  # time for an orphan scan
-            batch = self.todo[0]
             self.inflight_since = time.monotonic()
+            return self.todo[0]
+
+    def _step(self) -> bool:
+        """One iteration: wait for work, export the oldest batch. False when stopped."""
+        if self.spool is not None and time.monotonic() >= self.next_orphan_scan:
+            self.next_orphan_scan = time.monotonic() + ORPHAN_SCAN_INTERVAL_S
+            self._adopt_orphans()
+        self.respool()
+        batch = self._next_batch()
+        if not isinstance(batch, Batch):
+            return batch
         records = batch.records
         lines = batch.lines if self.wants_lines else None
         if records is None:
@@ -400,28 +221,38 @@ class ExportWorker:
                 log.error("rollout-tracer: spool file %s is gone (%s)", batch.path, exc)
                 with self.cond:
                     self.inflight_since = 0.0
-                    self._settle(batch)
-                    self._drop(batch, "spool_lost")
+                    if batch.waiting:
+                        batch.move(Owner.DONE)
+                        self._settle(batch)
+                        self._drop(batch, "spool_lost")
                 return True
         if lines is None:  # a backend that reads the records: decoded now, not while waiting
             for record in records:
                 record.materialize()
         with self.cond:
-            if self.stopping or (self.close_at and time.monotonic() >= self.close_at):
+            if not batch.waiting or not self._may_call(0.0):
                 # shutdown came (or its deadline passed) while the batch was read: it stays
                 # where it is, untouched (no call was made)
                 self.inflight_since = 0.0
                 return not self.stopping
+            batch.move(Owner.CALL)  # the hand-over: from here only this call settles it
         replay = batch.attempted or not batch.own
         batch.attempted = True
         retried = self.down or (replay and not batch.first_try)
         retries = 0 if retried else self.config.export_max_retries
         batch.first_try = False
         with self._calling:
-            result = self._export(records, lines, retries, replay)
+            result, attempts, stopped = self._export(records, lines, retries, replay)
+        self._settle_call(batch, result, attempts, stopped, replay)
+        return True
+
+    def _settle_call(self, batch: Batch, result: ExportResult, attempts: int,
+                     cut_short: bool, replay: bool) -> None:  # fmt: skip
+        """The call's end: the batch is stored (its spool file goes), refused for good, or
+        back in line (in the spool only, when shutdown left it to this call)."""
         if result is not ExportResult.FAILURE:
-            with self.cond:  # from now on respool() leaves it alone
-                batch.settling = True
+            with self.cond:
+                batch.move(Owner.DONE)  # from now on respool() leaves it alone
                 path = batch.path
             if path is not None and self.spool:
                 self.spool.delete(path)  # before flush() can see this batch as done
@@ -429,14 +260,25 @@ class ExportWorker:
             self.last_probe = time.monotonic()
             took, self.inflight_since = self.last_probe - self.inflight_since, 0.0
             if result is ExportResult.FAILURE:
-                if retries == 0:  # a probe (one attempt); the longest, not the last: OTel's
+                if batch.in_doubt:  # shutdown is over: the spool keeps it, or it is lost
+                    batch.move(Owner.SPOOL if batch.path is not None else Owner.DONE)
+                    if batch.path is None:
+                        self._settle(batch)
+                        self._drop(batch, "unexported_at_exit")
+                    return
+                batch.move(Owner.QUEUE)
+                if cut_short or not self._may_call(0.0):
+                    # shutdown ended the retries (or aborted the call), not the backend
+                    self.outage.stopped_at_shutdown(attempts)
+                    return
+                if attempts == 1:  # a probe (one attempt); the longest, not the last: OTel's
                     # call ends at once or after a backoff inside it, by its jitter's toss
                     self.failed_call_s = max(self.failed_call_s, took)
                 if not self.down:
-                    self.outage.went_down(retries + 1, self.spool.dir if self.spool else None)
+                    self.outage.went_down(attempts, self.spool.dir if self.spool else None)
                 self.down = True
                 self.next_probe = self.last_probe + self.config.replay_interval_s
-                return True
+                return
             if self.down:
                 self.outage.came_back(self.todo)
             self.down = False
@@ -444,24 +286,21 @@ class ExportWorker:
             self._settle(batch)
             if result is ExportResult.REJECTED:
                 self._drop(batch, "rejected_by_backend")
-                return True
+                return
             if batch.own:
                 self.exported += batch.n
             else:
                 self.orphans_replayed += batch.n
             if replay:
                 self.replayed += batch.n
+            if batch.in_doubt and not batch.own and not self.deduplicates:
+                self.in_doubt_replayed += batch.n  # an earlier run may have stored them
+                self.outage.replayed_in_doubt(batch.n)
             self.cond.notify_all()
-        return True
 
-    def _settle(self, batch: _Batch) -> None:
-        """Take a batch off the line (caller holds ``cond``)."""
-        self.todo.remove(batch)
+    def _settle(self, batch: Batch) -> None:
+        super()._settle(batch)
         self.outage.settled(batch, batch.n)
-        if batch.records is not None:
-            self.held -= batch.n
-            self.held_bytes -= batch.nbytes
-            batch.records = batch.lines = None
 
     def _adopt_orphans(self) -> None:
         assert self.spool is not None
@@ -469,15 +308,21 @@ class ExportWorker:
             claimed = self.spool.claim(orphan)
             if claimed is None:
                 continue
-            n = batch_size(claimed)
+            batch = Batch(None, None, claimed, batch_size(claimed), 0)
+            batch.in_doubt = is_in_doubt(claimed)
             with self.cond:
-                bisect.insort(self.todo, _Batch(None, None, claimed, n, 0), key=lambda b: b.key)
+                bisect.insort(self.todo, batch, key=lambda b: b.key)
                 self.cond.notify_all()
 
     def _export(self, batch: Sequence[TrajectoryRecord], lines: list[bytes] | None,
-                retries: int, replay: bool) -> ExportResult:  # fmt: skip
+                retries: int, replay: bool) -> tuple[ExportResult, int, bool]:  # fmt: skip
+        """Up to ``1 + retries`` attempts; (the result, attempts made, whether shutdown cut
+        the retries short). The wait before a retry ends at stop(), and no retry begins that
+        could not end by shutdown's deadline (as long as the attempt before it)."""
         delay = 0.25
-        for attempt in range(retries + 1):
+        attempt = 0
+        while True:
+            began = time.monotonic()
             try:
                 if lines is not None:
                     result = self.exporter.export_encoded(batch, lines, replay=replay)
@@ -487,22 +332,21 @@ class ExportWorker:
                 result = ExportResult.FAILURE
                 self.errors.counts[f"export {self.name}"] += 1
                 self.outage.failed_attempt(exc)  # an outage: one line when down, no traceback
-            if result is not ExportResult.FAILURE:
-                return result
+            attempt += 1
+            if result is not ExportResult.FAILURE or attempt > retries:
+                return result, attempt, False
             replay = True  # it may have been stored in part
-            if attempt < retries and not self.stopping:
+            took = time.monotonic() - began
+            with self.cond:
+                self.retry_wait_since = time.monotonic()
+                self.cond.wait_for(lambda t=took: not self._may_call(t), delay)  # type: ignore[misc]
+                self.retry_wait_since = 0.0
+                if not self._may_call(took):
+                    return result, attempt, True
                 self.retries += 1
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        return ExportResult.FAILURE
-
+            delay = min(delay * 2, 5.0)
 
     # control ----------------------------------------------------------------------------
-    def outstanding(self, seq: int) -> bool:
-        """Whether a trajectory with sequence number <= seq is still waiting here."""
-        with self.cond:
-            return any(b.own and b.seq is not None and b.seq <= seq for b in self.todo)
-
     def wait(self, seq: int, deadline: float) -> bool:
         """Wait until every own batch up to ``seq`` is settled, probing a down backend often
         until ``deadline``. True when none is left waiting."""
@@ -517,8 +361,8 @@ class ExportWorker:
             return True
 
     def closing(self, deadline: float) -> None:
-        """Shutdown began and must end by ``deadline`` (monotonic): from now on no probe of a
-        down backend starts that could not end by then (the last failed probe's length), and
+        """Shutdown began and must end by ``deadline`` (monotonic): from now on no call starts
+        that could not end by then (a probe or a retry as long as the last failed call), and
         after it no export call starts at all."""
         with self.cond:
             self.close_at = deadline
@@ -528,8 +372,9 @@ class ExportWorker:
         return self.thread is not None and not self.thread.is_alive()
 
     def stop(self, deadline: float) -> bool:
-        """Stop the thread; False when it is stuck in an export call past the deadline (the
-        exporter must then not be shut down: never two calls at once)."""
+        """Stop the thread (a wait before a retry ends at once); False when it is stuck in an
+        export call past the deadline (the exporter must then not be shut down: never two
+        calls at once)."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
@@ -539,61 +384,11 @@ class ExportWorker:
             return not self.thread.is_alive()
         return True
 
-    def abandon(self) -> tuple[int, int]:
-        """At shutdown: what is left. Batches in the spool stay there for a later replay (the
-        spool is released, so another process or ``rollout-tracer replay`` may take them); a
-        batch only memory holds is offered to the spool one last time, and what it refuses is
-        lost and counted by reason. Returns (on disk, lost)."""
-        reason = "unexported_at_exit"  # no spool to take it
-        if self.spool is not None and self.respool(final=True):
-            reason = self.refused_because
-        with self.cond:
-            self.abandoned = True
-            on_disk = lost = 0
-            for b in list(self.todo):
-                if b.path is not None and b.path.exists():
-                    on_disk += b.n
-                else:
-                    lost += b.n
-                    self._settle(b)
-            if lost:  # one line for all of them
-                self._drop(_Batch(None, None, None, lost, 0), reason)
-        if self.spool is not None:
-            self.spool.release()
-        return on_disk, lost
-
-    def oldest_in_memory_ns(self) -> int | None:
-        """When the oldest of the own batches that only memory holds (no spool file, not
-        stored yet) finished; None when every waiting batch is on disk."""
-        with self.cond:
-            born = [b.born_ns for b in self.todo if b.own and b.path is None]
-            return min(born) if born else None
-
-    def pending(self) -> int:
-        """Own trajectories not yet stored (in memory or in the spool)."""
-        with self.cond:
-            return sum(b.n for b in self.todo if b.own)
-
     def metrics(self, prefix: str) -> dict[str, float]:
         with self.cond:
             inflight = time.monotonic() - self.inflight_since if self.inflight_since else 0.0
-            waiting = [b for b in self.todo if b.attempted or not b.own]
-            m: dict[str, float] = {
-                f"{prefix}exported": self.exported,
-                f"{prefix}pending": sum(b.n for b in self.todo if b.own),
-                f"{prefix}replayed": self.replayed,
-                f"{prefix}orphans_replayed": self.orphans_replayed,
-                f"{prefix}spooled_batches": sum(1 for b in waiting if b.path is not None),
-                f"{prefix}queue_depth": len(self.todo),
-                f"{prefix}held_bytes": self.held_bytes,
-                f"{prefix}retries": self.retries,
-                f"{prefix}spool_errors": self.spool_errors,
-                f"{prefix}loop_errors": self.loop_errors,
-                f"{prefix}down": int(self.down),
-                f"{prefix}worker_alive": int(not self._dead()),
-                f"{prefix}export_inflight_s": round(inflight, 3),
-                f"{prefix}failed": sum(self.dropped.values()),
-            }
-            for reason, count in self.dropped.items():
-                m[f"{prefix}dropped/{reason}"] = count
+            m = self.counters(prefix)
+            m[f"{prefix}down"] = int(self.down)
+            m[f"{prefix}worker_alive"] = int(not self._dead())
+            m[f"{prefix}export_inflight_s"] = round(inflight, 3)
             return m

@@ -80,6 +80,21 @@ class OutageLog:
         self.last_error = None
         self.backlog = None
 
+    def stopped_at_shutdown(self, attempts: int) -> None:
+        """Shutdown ended an export call (its deadline, or an abort), not the backend."""
+        log.warning("rollout-tracer: export to %s stopped at shutdown (%s, %d attempts); the "
+                    "shutdown line says where its trajectories are", self.label,
+                    _short(self.last_error), attempts)  # fmt: skip
+        self.last_error = None
+
+    def replayed_in_doubt(self, n: int) -> None:
+        """A batch an earlier run's export call still had at its shutdown deadline was
+        replayed to a backend that does not deduplicate by trace id."""
+        log.warning("rollout-tracer: %d trajectories replayed to %s were in doubt (an export "
+                    "call still had them when an earlier run shut down); %s does not "
+                    "deduplicate by trace id, so they may be stored twice", n, self.label,
+                    self.name)  # fmt: skip
+
     def came_back(self, waiting: list[Any]) -> None:
         self.backlog = {id(b) for b in waiting}
         self.sent = 0

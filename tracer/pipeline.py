@@ -9,8 +9,10 @@
 overflows to the spool: the rollout's own thread builds its record and writes it there (slower
 for that one call, nothing lost); only when that fails too is it dropped, and counted. Each
 backend has its own thread and bounded queue, so a slow or failing backend never delays another
-(tracer/export_worker.py). Threads start lazily and restart in a forked child; every loop
-iteration is guarded, so an unexpected error is counted and the loop goes on.
+(tracer/export_worker.py); what the processing thread does to a batch is in
+tracer/processing.py, the end of shutdown per backend in tracer/worker_shutdown.py. Threads start
+lazily and restart in a forked child; every loop iteration is guarded, so an unexpected error
+is counted and the loop goes on.
 
 Counters reconcile, per backend, at any quiescent point::
 
@@ -30,14 +32,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tracer.backends.base import Exporter, as_exporter
-from tracer.encode import encode_record
 from tracer.errors import InternalErrors, log_every, say_at_shutdown
 from tracer.export_worker import ExportWorker
 from tracer.keep import KeepRules
-from tracer.record import TrajectoryRecord
-from tracer.record_builder import build_record
+from tracer.processing import Processing
 from tracer.redact import Redactor
-from tracer.spool import BackendSpool, default_spool_dir, strip_credentials
+from tracer.spool import BackendSpool, default_spool_dir
+from tracer.worker_shutdown import stop_worker
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
@@ -50,30 +51,7 @@ log = logging.getLogger("tracer")
 NOT_LOSSES = ("evicted_by_sampling", "not_kept")
 
 
-class _Processed:
-    """What one pass of ``_process`` has so far: records for the workers (with their lines,
-    None where one must be made again) and what it counted already."""
-
-    __slots__ = ("born", "from_keep", "handed", "lines", "records", "seqs", "settled")
-
-    def __init__(self) -> None:
-        self.records: list[TrajectoryRecord] = []
-        self.lines: list[bytes | None] = []
-        self.seqs: list[int] = []
-        self.born: list[int] = []  # end times of this pass's own trajectories
-        self.settled = 0  # trajectories of the batch already counted (evicted, build error)
-        self.from_keep = 0  # records the keep rules released (some from earlier batches)
-        self.handed = 0  # workers that have the records
-
-    def add(self, seq: int, record: TrajectoryRecord, line: bytes | None, born_ns: int) -> None:
-        self.seqs.append(seq)
-        self.records.append(record)
-        self.lines.append(line)
-        if born_ns:
-            self.born.append(born_ns)
-
-
-class Pipeline:
+class Pipeline(Processing):
     def __init__(
         self,
         config: TraceConfig,
@@ -269,142 +247,6 @@ class Pipeline:
                                           min(t.end_ns for _, t in batch))
             self._process_guarded(batch, token)
 
-    def _process_guarded(self, batch: list[tuple[int, Trajectory]], token: int) -> None:
-        try:
-            self._process(batch)
-        except Exception as exc:  # _process settles every trajectory; this is the backstop
-            with self.lock:
-                self._drop_before_workers(len(batch), "internal_error")
-            self.errors.report("processing trajectories", exc, background=True)
-        finally:
-            with self.lock:
-                del self.in_process[token]
-
-    def _process(self, batch: list[tuple[int, Trajectory]]) -> None:
-        """Sample, build, redact, keep, serialize, hand off: each trajectory taken here ends
-        up in a worker or in a drop counter, whatever happens."""
-        out = _Processed()
-        try:
-            tokenizer = self.tokenizer()
-            self._count_hot_path(batch)
-            for seq, traj in batch:
-                head = self.sampler.confirm(traj.step, traj.sample_index, traj.validate)
-                if not head and self.keep is None:
-                    self._drop_counted(out, "evicted_by_sampling")  # a lower hash came, by design
-                    continue
-                built = self._build(traj, tokenizer)
-                if built is None:
-                    self._drop_counted(out, "build_error")
-                    continue
-                record, line = built
-                if self.keep is not None:  # decided here or later (held, pending)
-                    self._keep(seq, record, traj.nbytes, head, out)
-                    continue
-                out.add(seq, record, line, traj.end_ns)
-            self._hand_off(out)
-        except Exception as exc:
-            # Something unexpected after the trajectories left the buffer: whatever no worker
-            # got is counted as lost (never silently), then the loop goes on.
-            self._count_unhanded(out, len(batch) - out.settled + out.from_keep)
-            self.errors.report("processing trajectories", exc, background=True)
-
-    def _count_hot_path(self, batch: list[tuple[int, Trajectory]]) -> None:
-        hot_ns = sum(traj.hot_ns for _seq, traj in batch)
-        with self.lock:  # once per batch: the lock is shared with the rollout's submit
-            self.hot_ns += hot_ns
-            self.hot_trajectories += len(batch)
-
-    def _drop_counted(self, out: _Processed, reason: str) -> None:
-        with self.lock:
-            self._drop_before_workers(1, reason)
-        out.settled += 1
-
-    def _build(self, traj: Trajectory, tokenizer: Any) -> tuple[TrajectoryRecord, bytes] | None:
-        """The trajectory's record and its JSON line, redacted; None when it cannot be built
-        (an internal error, logged). The line is made once and serves the redaction check,
-        the spool and byte-oriented backends."""
-        try:
-            record = build_record(traj, self.config, tokenizer)
-            line = encode_record(record)
-            if self.redactor is not None and self.redactor.needs(line):
-                record = self.redactor.record(record)
-                line = encode_record(record)
-            if self.keep is not None:  # rules and their predicate read Python values
-                record.materialize()
-            return record, line
-        except Exception as exc:
-            self.errors.report("building a trace record", exc, background=True)
-            return None
-
-    def _keep(self, seq: int, record: TrajectoryRecord, nbytes: int, head: bool,
-              out: _Processed) -> None:  # fmt: skip
-        assert self.keep is not None
-        released, not_kept = self.keep.observe(seq, record, nbytes, head)
-        out.settled += 1  # held, dropped or in out (counted in from_keep)
-        out.from_keep += len(released)
-        if not_kept:
-            with self.lock:
-                self._drop_before_workers(not_kept, "not_kept")
-        for kept_seq, kept in released:
-            out.add(kept_seq, kept, None, 0)  # its line is made again: keep tagged it
-
-    def _hand_off(self, out: _Processed) -> None:
-        """Give the records and their lines to every worker (a line missing is made here)."""
-        if not out.records:
-            return
-        lines = [line if line is not None else encode_record(record)
-                 for record, line in zip(out.records, out.lines, strict=True)]  # fmt: skip
-        nbytes = sum(len(line) for line in lines)
-        born_ns = min(out.born) if out.born else time.time_ns()
-        for w in self.workers:
-            w.put(min(out.seqs), out.records, lines, nbytes, born_ns)
-            out.handed += 1
-
-    def _count_unhanded(self, out: _Processed, before_any: int) -> None:
-        """After an unexpected error: count what no worker got (``before_any`` when none)."""
-        if out.handed == 0:
-            with self.lock:
-                self._drop_before_workers(before_any, "internal_error")
-        else:
-            for w in self.workers[out.handed:]:
-                with w.cond:
-                    w.dropped["internal_error"] += len(out.records)
-
-    # keep rules -----------------------------------------------------------------------
-    def end_step(self, step: Any, validate: bool | None = None) -> None:
-        """Ask the processing thread to finish ``step`` for the keep rules once everything
-        submitted so far is processed (never blocks)."""
-        if self.keep is None:
-            return
-        with self.lock:
-            self._end_steps.append((step, validate))
-            if self.processor is None:
-                self._start()
-        self.wake.set()
-
-    def _end_requested_steps(self) -> None:
-        if self.keep is None:
-            return
-        with self.lock:
-            requests, self._end_steps = self._end_steps, []
-        for step, validate in requests:
-            self._hand_released(self.keep.end_step(step, validate))
-
-    def _hand_released(self, released: tuple[list[tuple[int, TrajectoryRecord]], int]) -> None:
-        """Hand trajectories the keep rules decided on outside ``_process`` to every worker."""
-        kept, not_kept = released
-        if not_kept:
-            with self.lock:
-                self._drop_before_workers(not_kept, "not_kept")
-        out = _Processed()
-        for seq, record in kept:
-            out.add(seq, record, None, 0)
-        try:
-            self._hand_off(out)
-        except Exception as exc:
-            self._count_unhanded(out, len(out.records))
-            self.errors.report("handing kept trajectories", exc, background=True)
-
     # control --------------------------------------------------------------------------
     def _outstanding(self, target: int) -> bool:
         with self.lock:
@@ -467,7 +309,7 @@ class Pipeline:
                 self._drop_before_workers(1, "unexported_at_exit")
                 ok = False
             # taken but not handed on yet (a slow redact callback, a hung disk): said here;
-            # handed on later, each backend spools them with a line (ExportWorker._put_late)
+            # handed on later, each backend spools them with a line (BatchQueue.put_late)
             busy = sum(n for _, n, _ in self.in_process.values())
         if busy:
             ok = False
@@ -476,41 +318,9 @@ class Pipeline:
             say_at_shutdown(f"rollout-tracer: {busy} trajectories were still being processed "
                             f"when shutdown's {timeout_s:g} s ran out; they are not exported "
                             f"({then})")  # fmt: skip
-        for w in self.workers:
-            stopped = w.stop(deadline)
-            if not stopped and w.exporter.abort():  # e.g. a hung export process: killed
-                stopped = w.stop(time.monotonic() + 2.0)  # its call ends; the batch is spooled
-            if not stopped:
-                since = w.inflight_since
-                log.error(
-                    "rollout-tracer: backend %s is stuck in an export call (%.0f s); not "
-                    "shutting it down (never two calls at once)",
-                    w.name, time.monotonic() - since if since else 0.0)  # fmt: skip
-            else:
-                try:
-                    w.exporter.force_flush(max(0.1, deadline - time.monotonic()))
-                    w.exporter.shutdown(max(0.1, deadline - time.monotonic()))
-                except Exception as exc:
-                    self.errors.report(f"shutting down backend {w.name}", exc, background=True)
-            on_disk, lost = w.abandon()
-            if on_disk or lost:
-                ok = False
-                self._report_left(w, on_disk, lost)
+        for w in self.workers:  # tracer/worker_shutdown.py: stop, then say where the rest is
+            ok = stop_worker(w, deadline, self.errors) and ok
         return ok
-
-    def _report_left(self, w: ExportWorker, on_disk: int, lost: int) -> None:
-        where = w.exporter.spool_key
-        parts = []
-        if on_disk and w.spool is not None:
-            spool_root = w.spool.dir.parent
-            parts.append(
-                f"{on_disk} trajectories for {w.name} ({strip_credentials(str(where))}) were not "
-                f"exported before shutdown; they are kept in {w.spool.dir}. Export them with: "
-                f"rollout-tracer replay --spool-dir {spool_root}"
-            )
-        if lost:
-            parts.append(f"{lost} trajectories for {w.name} were only in memory and are lost")
-        say_at_shutdown("rollout-tracer: " + "; ".join(parts))
 
     def _durability_lag_s(self) -> float:
         """Age of the oldest finished trajectory that is on neither the spool's disk nor a

@@ -24,7 +24,10 @@ Layout: ``<spool_dir>/<backend>-<destination hash>/`` holds
   ``<host>_<pid>_<random>``, so a restarted container with the same PID, a second ``init`` in
   one process, and another host on a shared (NFS) folder are all different owners;
 - batch files ``<wall ns>_<owner>_<counter>_<n>.jsonl`` (created with ``O_EXCL``, mode 0600),
-  one JSON record per line (``TrajectoryRecord.to_dict``). Names sort oldest first.
+  one JSON record per line (``TrajectoryRecord.to_dict``). Names sort oldest first;
+- ``.<batch file name>.in-doubt``, beside a batch that an export call still had at shutdown's
+  deadline: it may be stored already. It follows its batch when an orphan is claimed, so the
+  replaying worker can say that a backend which does not deduplicate may get it twice.
 
 Ownership is decided by the lock, not by whether a PID is alive: a writer holds an exclusive
 ``flock`` on its owner file for as long as it lives. A batch whose owner's lock can be taken is
@@ -185,6 +188,7 @@ class BackendSpool:
         return path
 
     def delete(self, path: Path) -> None:
+        _unlink(_doubt_marker(path))
         try:
             size = path.stat().st_size
             path.unlink()
@@ -192,6 +196,17 @@ class BackendSpool:
             return
         with self._lock:
             self.used = max(0, self.used - size)
+
+    def mark_in_doubt(self, path: Path) -> bool:
+        """Mark a batch file as possibly stored already (an export call still had it at
+        shutdown's deadline). False when the mark cannot be written."""
+        try:
+            _write_new(_doubt_marker(path), ())
+        except FileExistsError:
+            return True
+        except OSError:
+            return False
+        return True
 
     def orphans(self) -> list[Path]:
         """Batch files whose owner is gone (crashed, killed, or exited while the backend was
@@ -244,6 +259,9 @@ class BackendSpool:
             os.rename(path, new)
         except OSError:
             return None
+        if is_in_doubt(path):  # the mark follows its batch (after the batch: never alone)
+            with contextlib.suppress(OSError):
+                os.rename(_doubt_marker(path), _doubt_marker(new))
         with self._lock:
             self.used += _size(new)
         return new
@@ -258,6 +276,15 @@ def spool_folder(root: str, backend: str, destination: str) -> Path:
 def batch_sort_key(path: Path) -> tuple[int, str]:
     m = _NAME.match(path.name)
     return (int(m.group(1)), path.name) if m else (int(_mtime(path) * 1e9), path.name)
+
+
+def _doubt_marker(path: Path) -> Path:
+    return path.with_name(f".{path.name}.in-doubt")
+
+
+def is_in_doubt(path: Path) -> bool:
+    """Whether a batch file is marked as possibly stored already (``mark_in_doubt``)."""
+    return _doubt_marker(path).exists()
 
 
 def batch_size(path: Path) -> int:

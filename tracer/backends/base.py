@@ -12,6 +12,9 @@ Everything the pipeline asks of a backend is declared here once, with its defaul
 - ``writes_ahead``: whether a successful ``export_encoded`` leaves the lines in a local file
   that outlives the process as the spool would (JSONL): the pipeline then writes there first,
   on the thread that hands the batch over, and spools only a batch it refuses;
+- ``deduplicates``: whether a batch sent again adds nothing (True: MLflow, JSONL's readers);
+  False for a sink that appends whatever arrives (an OTLP collector): a batch that was in an
+  export call at shutdown's deadline may then arrive twice, and the pipeline says so;
 - ``export(batch, *, replay=False)``: store a batch, idempotently per ``trace_id``. ``replay``
   is True when the batch may already be stored in part (a retry after a failure, a replay of
   the spool): the backend then checks before adding what it cannot upsert. Expected failures
@@ -91,6 +94,7 @@ class Exporter:
     spoolable: bool = True
     heavy_export: bool = False
     writes_ahead: bool = False
+    deduplicates: bool = True
     supports_annotations: bool = False
 
     def export(
@@ -134,6 +138,7 @@ class _Adapted(Exporter):
         self.name = str(getattr(inner, "name", type(inner).__name__))
         self.destination = str(getattr(inner, "destination", "") or "")
         self.spoolable = bool(getattr(inner, "spoolable", True))
+        self.deduplicates = bool(getattr(inner, "deduplicates", True))
         try:
             params = inspect.signature(inner.export).parameters
             self._takes_replay = "replay" in params

@@ -96,6 +96,7 @@ def annotation_otel_spans(
 class OtlpExporter(Exporter):
     name = "otlp"
     supports_annotations = True
+    deduplicates = False  # a collector appends what it gets: a batch sent twice is stored twice
 
     def __init__(self, config: TraceConfig, span_exporter: Any = None) -> None:
         """``span_exporter``: any OTel SDK ``SpanExporter`` (default: OTLP/HTTP). Tests pass an

@@ -1,0 +1,92 @@
+"""A batch of trajectories on its way to one backend, and who owns it.
+
+A batch has exactly one owner at a time, and only the owner acts on it:
+
+- ``QUEUE``: it waits in line (in memory, in its spool file, or both); the worker's thread
+  may hand it to an export call, shutdown may leave it in the spool;
+- ``CALL``: an export call has it (retries included); only that call's end settles it;
+- ``SPOOL``: shutdown left it in the spool file for a later replay (this process no longer
+  touches it: another process, or ``rollout-tracer replay``, may take it);
+- ``DONE``: stored, refused for good, or counted lost: nobody's.
+
+Every change of owner goes through ``Batch.move`` under the worker's lock, which checks the
+transition: a batch the shutdown thread left in the spool cannot be taken by a call, and a
+batch a call holds cannot be settled by anyone else (``BatchOwnershipError``: a tracer bug,
+raised in the project's tests). A call still running at shutdown's deadline keeps its batch;
+the batch is marked ``in_doubt`` (it may be stored or not) and its spool file stays, marked
+the same way, until the call's end says which.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tracer.spool import batch_sort_key
+
+if TYPE_CHECKING:
+    from tracer.record import TrajectoryRecord
+
+
+class Owner(enum.Enum):
+    QUEUE = "queue"
+    CALL = "call"
+    SPOOL = "spool"
+    DONE = "done"
+
+
+# who may hand a batch to whom
+_ALLOWED = {
+    (Owner.QUEUE, Owner.CALL),  # the worker's thread begins an export call
+    (Owner.CALL, Owner.QUEUE),  # the call failed: back in line, for a retry or a probe
+    (Owner.CALL, Owner.DONE),  # the call stored it (or the backend refused it for good)
+    (Owner.CALL, Owner.SPOOL),  # a call still running at shutdown failed: it stays on disk
+    (Owner.QUEUE, Owner.DONE),  # its spool file vanished, or shutdown counted it lost
+    (Owner.QUEUE, Owner.SPOOL),  # shutdown left it in the spool
+}
+
+
+class BatchOwnershipError(RuntimeError):
+    """A batch was handed over by someone who did not own it (a tracer bug)."""
+
+
+class Batch:
+    __slots__ = ("attempted", "born_ns", "first_try", "in_doubt", "key", "lines", "n",
+                 "nbytes", "own", "owner", "path", "records", "seq")  # fmt: skip
+
+    def __init__(
+        self,
+        seq: int | None,
+        records: list[TrajectoryRecord] | None,
+        path: Path | None,
+        n: int,
+        nbytes: int,
+        born_ns: int = 0,
+    ) -> None:
+        self.born_ns = born_ns or time.time_ns()  # when its oldest trajectory finished
+        self.seq = seq  # lowest sequence number of its trajectories; None for an orphan
+        self.own = seq is not None
+        self.records = records  # None when it lives only in its spool file
+        self.lines: list[bytes] | None = None  # the records' JSON lines, while in memory
+        self.path = path
+        self.n = n
+        self.nbytes = nbytes
+        self.owner = Owner.QUEUE
+        self.attempted = False  # sent once already: may be (partly) stored, replay with care
+        self.first_try = False  # refused once when handed over: still gets the usual retries
+        self.in_doubt = False  # a call had it at shutdown's deadline: stored or not, unknown
+        self.key = batch_sort_key(path) if path is not None else (time.time_ns(), "")
+
+    def move(self, to: Owner) -> None:
+        """Hand the batch to its next owner (caller holds the worker's lock)."""
+        if (self.owner, to) not in _ALLOWED:
+            raise BatchOwnershipError(f"a batch owned by {self.owner.value} cannot go to "
+                                      f"{to.value}")  # fmt: skip
+        self.owner = to
+
+    @property
+    def waiting(self) -> bool:
+        """In line, and no call has it."""
+        return self.owner is Owner.QUEUE
