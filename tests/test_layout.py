@@ -161,8 +161,6 @@ def test_no_import_cycle_inside_benchmarks() -> None:
 # Modules allowed over 400 lines, and why. Drop an entry when its file is split; a stale entry
 # (the file is gone or back under 400) fails too.
 OVER_400 = {
-    "tracer/export_worker.py": "being split (#47/#50)",
-    "tracer/pipeline.py": "being split (#47/#50)",
     "tracer/backends/mlflow_backend.py": "the MLflow writer: one class per store kind would "
     "split one export path in two; not split yet (#51 left it)",
     "tracer/snapshot.py": "the hot path's argument snapshot: one pass kept together for speed "
