@@ -22,7 +22,12 @@ _OUTAGE_NAMES = re.compile(r"Connection|Timeout|MaxRetry|RemoteDisconnected|Prot
 _OUTAGE_TEXT = re.compile(r"Max retries exceeded|Connection (refused|aborted|reset)|"
                           r"RemoteDisconnected|timed out|Name or service not known|"
                           r"Temporary failure in name resolution|error code 50[234]|"
-                          r"status code 50[234]|database is locked", re.I)  # fmt: skip
+                          r"status code 50[234]|database is locked|"
+                          # PostgreSQL restarting or gone (psycopg2's text, wrapped by MLflow
+                          # in an MlflowException in the parent's bulk writer)
+                          r"the database system is (shutting down|starting up|in recovery)|"
+                          r"server closed the connection unexpectedly|"
+                          r"could not connect to server|connection to server at", re.I)  # fmt: skip
 
 
 def is_outage(exc: BaseException) -> bool:
