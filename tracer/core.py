@@ -45,8 +45,8 @@ class Tracer:
         self.annotator: Any = None
         self._annotator_lock = threading.Lock()
         self.active = False
-        # traced trajectories, open or just ended: trace_attr adds each as it opens, the
-        # watchdog's thread removes it once it has ended (none are added without a watchdog)
+        # the traced trajectories still open: trace_attr adds each as it opens and takes it
+        # out as it ends (tracer/watchdog.py: OpenTrajectories; nothing kept without a watchdog)
         self.open_trajectories: Any = _NOT_WATCHED
         self.watchdog: Any = None
         self.keep_on = self.config.keep_on
@@ -88,10 +88,10 @@ class Tracer:
         return self
 
     def _start_watchdog(self) -> None:
-        from tracer.watchdog import Watchdog
+        from tracer.watchdog import OpenTrajectories, Watchdog
 
         try:
-            watchdog = Watchdog(self.config, set()).start()
+            watchdog = Watchdog(self.config, OpenTrajectories()).start()
         except RuntimeError as exc:  # no thread left: tracing goes on without it
             log.warning("rollout-tracer: the stuck-trajectory watchdog did not start (%s); "
                         "tracing goes on without it", exc)  # fmt: skip
@@ -205,6 +205,9 @@ class _NotWatched:
     """The open-trajectory set of a tracer without a watchdog: keeps nothing."""
 
     def add(self, traj: Any) -> None:
+        pass
+
+    def ended(self, traj: Any) -> None:
         pass
 
 

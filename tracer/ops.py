@@ -142,6 +142,7 @@ class trace_attr:
             traj.end_ns = time_ns()
             if exc is not None:
                 traj.error = exc
+            traj.tracer.open_trajectories.ended(traj)  # the watchdog's (tracer/watchdog.py)
             traj.tracer.submit(traj)
 
     async def __aenter__(self) -> Trajectory | None:

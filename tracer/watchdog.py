@@ -36,6 +36,24 @@ TYPICAL_FLOOR_S = 2.0
 MIN_TYPICAL = 5  # finished trajectories of a step before its typical time counts
 _WALLS_PER_STEP = 256
 _STEPS_KEPT = 16
+_ENDED_KEPT = 4096  # wall times of ended trajectories not yet read by a tick (bounded)
+
+
+class OpenTrajectories(set):  # type: ignore[type-arg]
+    """The traced trajectories still open. ``trace_attr`` adds one as it opens and calls
+    ``ended`` as it closes: the trajectory leaves at once (a finished trajectory and its
+    payload are never held here), and only its step and wall time wait, in a bounded deque,
+    for the watchdog's next tick (its step's typical time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.walls: collections.deque[tuple[Any, bool, float]] = collections.deque(
+            maxlen=_ENDED_KEPT
+        )
+
+    def ended(self, traj: Any) -> None:
+        self.discard(traj)
+        self.walls.append((traj.step, bool(traj.validate), (traj.end_ns - traj.start_ns) / 1e9))
 _ARGS_CHARS = 300
 
 
@@ -66,7 +84,7 @@ def describe_span(span: Any, now_ns: int) -> str:
 class Watchdog:
     """``Watchdog(config, open_trajectories).start()``; ``stop()``; ``metrics()``."""
 
-    def __init__(self, config: Any, open_trajectories: set[Any]) -> None:
+    def __init__(self, config: Any, open_trajectories: OpenTrajectories) -> None:
         self.limit_s = float(config.stuck_after_s)
         self.open = open_trajectories  # the tracer's; the hot path adds and removes
         self.interval_s = min(1.0, max(0.02, self.limit_s / 10))
@@ -89,6 +107,7 @@ class Watchdog:
         # the parent's threads do not exist here; its open trajectories are not this process's
         running = self.thread is not None and not self._stop.is_set()
         self.open.clear()
+        self.open.walls.clear()
         self._init_state()
         if running:
             self.start()
@@ -127,23 +146,23 @@ class Watchdog:
             return None
         return statistics.median(walls)
 
-    def _finished(self, traj: Any) -> None:
-        key = (traj.step, bool(traj.validate))
+    def _finished(self, step: Any, validate: bool, wall_s: float) -> None:
+        key = (step, validate)
         walls = self.walls.get(key)
         if walls is None:
             walls = self.walls[key] = collections.deque(maxlen=_WALLS_PER_STEP)
             while len(self.walls) > _STEPS_KEPT:
                 self.walls.popitem(last=False)
-        walls.append((traj.end_ns - traj.start_ns) / 1e9)
+        walls.append(wall_s)
 
     def tick(self, now_ns: int) -> None:
         """One look at the open trajectories (the watchdog's thread; tests call it too)."""
+        ended = self.open.walls
+        for _ in range(len(ended)):  # ended since the last tick: their wall times are typical
+            self._finished(*ended.popleft())
         current = {}
         for traj in list(self.open):  # list(set): one C call, atomic under the GIL
-            if traj.end_ns:  # ended since the last tick: its wall time is typical data
-                self.open.discard(traj)
-                self._finished(traj)
-            else:
+            if not traj.end_ns:  # ended but not yet out of the set (trace_attr's exit)
                 current[id(traj)] = traj
         self.reported &= current.keys()
         stuck = 0
