@@ -162,11 +162,12 @@ def _rollout(rng: random.Random, kind: str, wording: int, step: int, p: int, k: 
             "num_tool_calls": len(tools), "num_tool_errors": 0, "num_turns": 1 + len(tools),
             "signature": sig.key, "signature_text": sig.text,
             "behaviour": behaviour(tools, "stop", text, tokens),
-            "hack": draw < hack}  # fmt: skip
+            "tools": tools, "hack": draw < hack}  # fmt: skip
 
 
 def table(rows: list[dict[str, Any]]) -> Any:
-    """The rows as a ``trajectories`` table with the export's schema (``hack`` dropped)."""
+    """The rows as a ``trajectories`` table with the export's schema (``hack`` and ``tools``
+    dropped)."""
     import pyarrow as pa
 
     from tracer.readers.schema import arrow_schema

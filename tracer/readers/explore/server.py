@@ -77,7 +77,8 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 class Explorer:
     """The store, the runs' search indexes, and the API's dispatch (usable without HTTP)."""
 
-    def __init__(self, store: Store, indexes: dict[str, SearchIndex] | None = None) -> None:
+    def __init__(self, store: Store, indexes: dict[str, SearchIndex] | None = None,
+                 earned_by: str | None = None) -> None:  # fmt: skip
         self.store = store
         self.indexes = indexes or {}
         self.index_errors: dict[str, str] = {}
@@ -86,7 +87,7 @@ class Explorer:
         # per run: off (no cache folder), waiting, building, done, or "failed: why"
         self.compaction: dict[str, str] = dict.fromkeys(store.runs, "off")
         self.scan_seconds = SCAN_SECONDS
-        self.patterns = PatternTables(store)  # computed on first request or by build_indexes
+        self.patterns = PatternTables(store, earned_by)  # built on first request/build_indexes
 
     def build_indexes(self, progress: Any = None, cache_dir: str | None = None) -> None:
         """Once per export, in the background: the compacted tables (``cache_dir``), the
