@@ -101,13 +101,17 @@ def test_export_flags_by_the_part_named(traced: dict[str, Any]) -> None:
 def test_flags_judge_by_the_part_named(traced: dict[str, Any],
                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     out = str(_export(traced, "plain"))
+    capsys.readouterr()  # what the export printed, when this test made it
     assert main(["flags", "--from", "parquet", "--path", out, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert plain["summary"] == "reward not checked: no correctness signal (accuracy)"
+    assert "reward not checked: no correctness signal (accuracy)" in plain["summary"]
+    assert not any("with correct" in (r["reason"] or "") for r in plain["rising_patterns"])
     assert main(["flags", "--from", "parquet", "--path", out, "--json",
                  "--earned-by", "correct"]) == 0  # fmt: skip
     found = json.loads(capsys.readouterr().out)
     assert found["summary"].startswith("possible reward hacking since step ")
+    assert "reward not checked" not in found["summary"]
+    assert any("with correct 0.0" in (r["reason"] or "") for r in found["rising_patterns"])
     assert "reward_accuracy_divergence" in found["flags"]
 
 
@@ -120,9 +124,8 @@ def test_report_judges_by_the_part_named(traced: dict[str, Any]) -> None:
         assert main(["report", "--from", "parquet", "--path", out, "--out", str(page),
                      *extra]) == 0  # fmt: skip
         html[name] = page.read_text()
-    assert "reward not checked: no correctness signal" in html["plain"]
-    assert "possible reward hacking since step" not in html["plain"]
-    assert "possible reward hacking since step" in html["correct"]
+    assert "reward not checked: no correctness signal (accuracy)" in html["plain"]
+    assert "with correct 0.0" not in html["plain"]
     assert "with correct 0.0" in html["correct"]  # the reason names the part
     assert "reward_accuracy_divergence" in html["correct"]
     assert "reward_accuracy_divergence" not in html["plain"]

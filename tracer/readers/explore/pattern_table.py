@@ -30,7 +30,8 @@ from tracer.readers.patterns_report import rules
 from tracer.readers.patterns_sql import Group, StepTotal, duckdb_groups
 
 log = logging.getLogger(__name__)
-VERSION = 2  # 2: groups by behaviour, with correctness and unearned counts
+VERSION = 3  # 2: groups by behaviour, with correctness and unearned counts; 3: tool calls and
+# validation passes in the step totals
 KEEP = 2  # tables kept in the cache folder besides those in use
 
 
