@@ -175,3 +175,24 @@ def test_the_evidence_thresholds_are_the_documented_ones() -> None:
         value = defaults[name]
         quoted = f"{100 * value:.0f} %" if name == "min_repeated" else str(value)
         assert re.search(rf"`{name}`,? \(?{re.escape(quoted)}", doc), name
+
+
+@pytest.mark.parametrize("kind", ["tool_drop_hack", "val_flat_hack"])
+def test_python_and_duckdb_see_the_same_evidence(kind: str) -> None:
+    """The running job's grouping (Python) and the export's (DuckDB) count the same tool calls
+    and validation passes, and flag the same steps."""
+    from tracer.readers.patterns import aggregate, analyze
+    from tracer.readers.patterns_sql import duckdb_groups
+
+    rows = run(kind, 4, 1)
+    py_groups, py = aggregate(rows)
+    _, db = duckdb_groups(table(rows), 10, 5)
+    assert sorted(py) == sorted(db)
+    for step, t in py.items():
+        assert (t.n, t.calls, t.val_n) == (db[step].n, db[step].calls, db[step].val_n), step
+        assert t.val_sum == pytest.approx(db[step].val_sum)
+        assert t.val_sq == pytest.approx(db[step].val_sq)
+    assert any(t.val_n for t in py.values()) == (kind == "val_flat_hack")
+    flagged = [(r.signature, r.hacking_steps) for r in analyze(py_groups, py).rising]
+    assert flagged and flagged == [(r.signature, r.hacking_steps)
+                                   for r in step_patterns(table(rows)).rising]  # fmt: skip
