@@ -290,9 +290,13 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
 }
 
 
-def page_html() -> bytes:
-    page = resources.files("tracer.readers.explore").joinpath("static/explore.html")
-    return page.read_bytes()
+# the page and its scripts (static/; package data), by URL path: nothing else is served
+STATIC = {"/": "explore.html", "/index.html": "explore.html", "/patterns.js": "patterns.js"}
+TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8"}
+
+
+def page_html(name: str = "explore.html") -> bytes:
+    return resources.files("tracer.readers.explore").joinpath("static", name).read_bytes()
 
 
 def host_name(value: str) -> str:
@@ -356,8 +360,9 @@ class Handler(BaseHTTPRequestHandler):
             self._json(414, {"error": f"URL longer than {MAX_URL} characters"})
             return
         url = urlparse(self.path)
-        if url.path in ("/", "/index.html"):
-            self._send(200, page_html(), "text/html; charset=utf-8")
+        name = STATIC.get(url.path)
+        if name:
+            self._send(200, page_html(name), TYPES[name.rsplit(".", 1)[1]])
             return
         try:
             query = parse_qs(url.query, keep_blank_values=True, max_num_fields=100)
