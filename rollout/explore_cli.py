@@ -61,7 +61,7 @@ def cache_dir(arg: str | None) -> str:
 
 def _export_key(args: argparse.Namespace) -> str:
     parts = [args.source, args.tracking_uri, args.path, args.experiment, args.entity,
-             args.step, args.steps, args.validate]  # fmt: skip
+             args.step, args.steps, args.validate, args.earned_by]  # fmt: skip
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
@@ -157,7 +157,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     try:
         runs, exported = _runs(args, cache)
         store = Store(runs)
-        server = make_server(Explorer(store), args.host, args.port, tuple(args.allow_host))
+        explorer = Explorer(store, earned_by=args.earned_by)
+        server = make_server(explorer, args.host, args.port, tuple(args.allow_host))
     except (ValueError, NotImplementedError, FileNotFoundError, OSError) as exc:
         print(f"rollout-tracer explore: error: {exc}", file=sys.stderr)
         return 2

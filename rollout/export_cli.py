@@ -58,6 +58,11 @@ def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
                    "all)")  # fmt: skip
     p.add_argument("--entity", help="W&B entity of the Weave project (default: $WANDB_ENTITY, "
                    "else the account's default entity)")  # fmt: skip
+    # every command that reads a run judges its reward (health flags, patterns): one option
+    p.add_argument("--earned-by", default=None, metavar="PART",
+                   help="the reward part that says an answer is correct, for the health flags "
+                   "and possible reward hacking (default: accuracy, the reward's acc/accuracy "
+                   "output; any numeric reward part, e.g. correct)")  # fmt: skip
     steps = p.add_mutually_exclusive_group()
     steps.add_argument("--step", type=int, metavar="N", help="only step N")
     steps.add_argument("--steps", type=steps_arg, metavar="SPEC",
@@ -245,6 +250,7 @@ def _source_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "entity": args.entity,
         "steps": parse_steps(args.step, args.steps),
         "validate": args.validate,
+        "earned_by": args.earned_by,
         "tokenizer": _tokenizer(args.tokenizer),
         # without --tokenizer: the one each trace names (token2text's), when it can be loaded
         "tokenizers": None if args.tokenizer else _trace_tokenizers(),
@@ -277,7 +283,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
     except read_errors() as exc:
         return fail("report", str(exc), exit_status(exc))
-    write_report(tables, args.out, args.title)
+    write_report(tables, args.out, args.title, earned_by=args.earned_by)
     traj = tables.trajectories
     n_val = int(traj["validate"].sum()) if len(traj) else 0
     print(f"report of {len(traj) - n_val} training and {n_val} validation trajectories: "

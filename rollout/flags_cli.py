@@ -38,9 +38,6 @@ def configure_flags(p: argparse.ArgumentParser) -> None:
                    "(filter tags.`flag.truncated` = 'true' in the UI)")  # fmt: skip
     from tracer.readers.patterns import PatternThresholds
 
-    p.add_argument("--earned-by", default=None, metavar="PART",
-                   help="the reward part that says an answer is correct (default: accuracy, the "
-                   "reward's acc/accuracy output; any numeric part, e.g. format)")
     for f in dataclasses.fields(PatternThresholds):
         if f.name not in ("top", "earned_by"):
             p.add_argument(f"--pattern-{f.name.replace('_', '-')}", dest=f"pattern_{f.name}",

@@ -260,3 +260,23 @@ def test_patterns_tab_in_a_browser(hacked: dict[str, Any], browser: Any,
         page.wait_for_selector("#summary", timeout=30_000)
         assert HACK_TEXT in page.locator("#transcript").inner_text()
         assert "step=40" in page.url
+
+
+def test_the_tab_script_is_served_beside_the_page(hacked: dict[str, Any]) -> None:
+    """The Patterns tab's script is its own file (static/patterns.js), served by name beside
+    the page that loads it; nothing else in the package is reachable."""
+    import urllib.error
+    import urllib.request
+
+    with served(_explorer(hacked["path"])) as base:
+        with urllib.request.urlopen(base, timeout=30) as r:
+            page = r.read().decode()
+        assert '<script src="patterns.js"></script>' in page
+        assert "function patternsView" not in page
+        with urllib.request.urlopen(base + "patterns.js", timeout=30) as r:
+            assert r.headers["Content-Type"].startswith("text/javascript")
+            assert "async function patternsView(" in r.read().decode()
+        for path in ("server.py", "static/patterns.js", "..%2Fserver.py", "explore.js"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(base + path, timeout=30)
+            assert err.value.code == 404, path

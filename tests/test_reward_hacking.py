@@ -75,12 +75,20 @@ def test_an_honest_short_answer_is_never_a_hack(seed: int, wording: int) -> None
     assert not [f for f in health(rows).steps if f.name == "reward_accuracy_divergence"]
 
 
+NOT_CHECKED = "reward not checked: no correctness signal"
+
+
 @pytest.mark.parametrize(("seed", "wording"), VARIANTS)
 def test_without_a_correctness_signal_it_says_so(seed: int, wording: int) -> None:
+    """The hack skips the tool the honest answers call: it is flagged on that evidence, named,
+    and the summary says that reward was not checked; short and rising is only a note."""
     rows = run("no_signal", seed, wording)
     found = step_patterns(table(rows))
-    assert found.summary() == "reward not checked: no correctness signal (accuracy)"
-    assert not any(r.hacking for r in found.rising)  # short and rising is not evidence
+    assert found.summary().endswith(f"; {NOT_CHECKED} (accuracy), flagged on independent "
+                                    "evidence")  # fmt: skip
+    hacking = [r for r in found.rising if r.hacking]
+    assert hacking and all((r.reason or "").startswith(f"{NOT_CHECKED}; independent evidence: ")
+                           for r in hacking)  # fmt: skip
     notes = [r.note for r in found.rising if r.note]
     assert notes and all("reward not checked: no correctness signal" in n for n in notes)
     assert any(n.startswith("rising and short;") for n in notes)
@@ -110,4 +118,81 @@ def test_earned_by_names_the_part_that_says_correct() -> None:
     (r, *_) = [r for r in found.rising if r.hacking]
     assert "with format 0.00" in (r.reason or "")
     missing = step_patterns(table(rows), PatternThresholds(earned_by="judge"))
-    assert missing.summary() == "reward not checked: no correctness signal (judge)"
+    assert f"{NOT_CHECKED} (judge)" in missing.summary()
+    assert all("judge" not in (r.reason or "") for r in missing.rising)
+
+
+@pytest.mark.parametrize(("seed", "wording"), VARIANTS)
+def test_a_tool_no_longer_called_while_reward_rises_is_evidence(seed: int, wording: int) -> None:
+    """Without correctness: the hack that skips the calculator every honest answer calls is
+    flagged, the reason naming the tool-call rates and the reward; a policy that moves from
+    the calculator to reasoning by hand, as often right (reward flat), is not."""
+    found = step_patterns(table(run("tool_drop_hack", seed, wording)))
+    (r,) = [r for r in found.rising if r.hacking]
+    assert r.reason and r.reason.startswith(f"{NOT_CHECKED}; independent evidence: tool calls "
+                                            "fell from 1.00 to ")  # fmt: skip
+    assert "while the mean reward rose from" in r.reason and "this group calls 0.00" in r.reason
+    assert 60 in r.hacking_steps and "answer: number" in r.text
+    honest = step_patterns(table(run("tool_drop_honest", seed, wording)))
+    assert honest.summary() == f"{NOT_CHECKED} (accuracy)"
+    assert not any(r.hacking for r in honest.rising)
+    # the hand-reasoning group did take over: the tool's rate fell as far as in the hack
+    rows = run("tool_drop_honest", seed, wording)
+    assert sum(r["num_tool_calls"] for r in rows if r["step"] == 60) / 64 < 0.4
+
+
+@pytest.mark.parametrize(("seed", "wording"), VARIANTS)
+def test_training_up_while_validation_stays_flat_is_evidence(seed: int, wording: int) -> None:
+    """Without correctness: a hack paid in training only (validation's strict grader does not
+    pay it) is flagged on training reward rising while validation reward on the same prompts
+    does not; a policy that learns, validation rising with training, is not."""
+    found = step_patterns(table(run("val_flat_hack", seed, wording)))
+    (r,) = [r for r in found.rising if r.hacking]
+    assert r.reason and r.reason.startswith(f"{NOT_CHECKED}; independent evidence: training "
+                                            "reward rose from ")  # fmt: skip
+    assert "validation reward on the same prompts (64 trajectories a pass)" in r.reason
+    assert "tool calls" not in r.reason  # the hack calls the calculator too
+    assert 60 in r.hacking_steps and r.hacking_steps[0] <= 40
+    honest_rows = run("val_rising_honest", seed, wording)
+    honest = step_patterns(table(honest_rows))
+    assert honest.summary() == f"{NOT_CHECKED} (accuracy)"
+    assert not any(r.hacking for r in honest.rising)
+    # it looks like the hack: a short answer paid 1.0 takes over, training reward rises
+    assert any(r.steps and "length: short" in r.text for r in honest.rising)
+
+
+def test_the_evidence_thresholds_are_the_documented_ones() -> None:
+    """docs/explore.md quotes the defaults of the independent evidence's thresholds."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from tracer.readers.patterns import PatternThresholds
+
+    doc = " ".join((Path(__file__).parents[1] / "docs" / "explore.md").read_text().split())
+    defaults = {f.name: f.default for f in dataclasses.fields(PatternThresholds)}
+    for name in ("min_tool_rate", "tool_drop", "min_gain", "val_flat", "min_repeated"):
+        value = defaults[name]
+        quoted = f"{100 * value:.0f} %" if name == "min_repeated" else str(value)
+        assert re.search(rf"`{name}`,? \(?{re.escape(quoted)}", doc), name
+
+
+@pytest.mark.parametrize("kind", ["tool_drop_hack", "val_flat_hack"])
+def test_python_and_duckdb_see_the_same_evidence(kind: str) -> None:
+    """The running job's grouping (Python) and the export's (DuckDB) count the same tool calls
+    and validation passes, and flag the same steps."""
+    from tracer.readers.patterns import aggregate, analyze
+    from tracer.readers.patterns_sql import duckdb_groups
+
+    rows = run(kind, 4, 1)
+    py_groups, py = aggregate(rows)
+    _, db = duckdb_groups(table(rows), 10, 5)
+    assert sorted(py) == sorted(db)
+    for step, t in py.items():
+        assert (t.n, t.calls, t.val_n) == (db[step].n, db[step].calls, db[step].val_n), step
+        assert t.val_sum == pytest.approx(db[step].val_sum)
+        assert t.val_sq == pytest.approx(db[step].val_sq)
+    assert any(t.val_n for t in py.values()) == (kind == "val_flat_hack")
+    flagged = [(r.signature, r.hacking_steps) for r in analyze(py_groups, py).rising]
+    assert flagged and flagged == [(r.signature, r.hacking_steps)
+                                   for r in step_patterns(table(rows)).rising]  # fmt: skip

@@ -100,6 +100,7 @@ def export_pages(
     step_flags: bool = True,
     *,
     tokenizers: Callable[[str | None], Any] | None = None,
+    earned_by: str | None = None,
 ) -> ExportSummary:
     """Write ``out/{trajectories,turns,tool_calls,tokens}.{parquet,jsonl}`` in one pass over
     ``pages``; only one page of records is in memory at a time. ``on_page(n)`` is called after
@@ -110,7 +111,9 @@ def export_pages(
     Step health flags need every trajectory of a step, so the trajectories table is written
     last: its rows wait in a temporary JSON-lines file next to the output (one small row per
     trajectory) while the other tables stream, and the few numbers the rules need are kept in
-    memory; then the rows are written with their ``flags``. The source is read once.
+    memory; then the rows are written with their ``flags`` (``earned_by``: the reward part
+    that says correct, for ``reward_accuracy_divergence``; default ``accuracy``). The source
+    is read once.
 
     The files are written under a staging folder in ``out`` and moved into place when all are
     complete, so a failed export leaves the previous one as it was; nothing is created when the
@@ -128,7 +131,7 @@ def export_pages(
     stage = tempfile.mkdtemp(prefix=".export-partial-", dir=out)
     try:
         summary = _write_tables(itertools.chain([first], pages), stage, fmt, on_page,
-                                tokenizer, step_flags, tokenizers)
+                                tokenizer, step_flags, tokenizers, earned_by)  # fmt: skip
         files = {}
         for name, path in summary.files.items():
             files[name] = os.path.join(out, os.path.basename(path))
@@ -151,6 +154,7 @@ def _write_tables(
     tokenizer: Any,
     step_flags: bool,
     tokenizers: Callable[[str | None], Any] | None = None,
+    earned_by: str | None = None,
 ) -> ExportSummary:
     files = {name: os.path.join(out, f"{name}.{fmt}") for name in TABLES}
     writers: dict[str, Any] = {
@@ -180,7 +184,7 @@ def _write_tables(
                 if on_page is not None:
                     on_page(len(page))
         if step_flags:
-            health = analyze(facts)
+            health = analyze(facts, earned_by=earned_by)
             del facts
             writer = writers["trajectories"]
             rows_iter = _read_pending(held)
@@ -228,6 +232,7 @@ def export(
     on_page: Callable[[int], None] | None = None,
     tokenizer: Any = None,
     tokenizers: Callable[[str | None], Any] | None = None,
+    earned_by: str | None = None,
 ) -> ExportSummary:
     """Export trajectories stored by a backend (``mlflow``, ``jsonl``, ``weave``) to the
     tables (see ``export_pages``). ``entity`` is the W&B entity of a Weave project (default
@@ -241,11 +246,12 @@ def export(
         selection=Selection(steps, validate),
         page_size=page_size,
     )
-    return export_pages(pages, out, fmt, on_page, tokenizer, tokenizers=tokenizers)
+    return export_pages(pages, out, fmt, on_page, tokenizer, tokenizers=tokenizers,
+                        earned_by=earned_by)  # fmt: skip
 
 
 _HEALTH_COLUMNS = ("trace_id", "step", "validate", "sample_key", "reward", "accuracy",
-                   "response_tokens", "flags")  # fmt: skip
+                   "reward_parts", "response_tokens", "flags")  # fmt: skip
 
 
 def apply_flags(trajectory_rows: list[dict[str, Any]], health: Health) -> None:
@@ -271,15 +277,17 @@ def read_tables(
     tokenizer: Any = None,
     allow_empty: bool = True,
     tokenizers: Callable[[str | None], Any] | None = None,
+    earned_by: str | None = None,
 ) -> Tables:
     """The tables as pandas DataFrames (everything in memory: for large runs export to
     Parquet and query it with DuckDB or polars). ``source="parquet"`` reads an export
     directory ``path``. A selection that matches nothing gives empty tables, or with
     ``allow_empty=False`` raises :class:`NoTrajectories` saying what the source holds (what
-    the commands do)."""
+    the commands do). ``earned_by`` (default ``accuracy``) is the reward part the ``flags``
+    column judges correctness by; an export folder keeps the flags it was written with."""
     try:
         return _read_tables(source, experiment, tracking_uri, path, entity, steps, validate,
-                            tokenizer, tokenizers)  # fmt: skip
+                            tokenizer, tokenizers, earned_by)  # fmt: skip
     except NoTrajectories:
         if not allow_empty:
             raise
@@ -289,7 +297,8 @@ def read_tables(
 def _read_tables(source: str, experiment: str | None, tracking_uri: str | None,
                  path: str | None, entity: str | None, steps: Sequence[int] | None,
                  validate: bool | None, tokenizer: Any,
-                 tokenizers: Callable[[str | None], Any] | None = None) -> Tables:  # fmt: skip
+                 tokenizers: Callable[[str | None], Any] | None = None,
+                 earned_by: str | None = None) -> Tables:  # fmt: skip
     if source == "parquet":
         return read_parquet_dir(str(path), steps, validate)
     rows = Rows()
@@ -305,7 +314,7 @@ def _read_tables(source: str, experiment: str | None, tracking_uri: str | None,
     if not rows.trajectories:  # a source that does not say so itself (weave)
         raise no_match(f"{source} {experiment or path or ''}".strip(), Selection(steps, validate),
                        None)  # fmt: skip
-    apply_flags(rows.trajectories, analyze(rows.trajectories))
+    apply_flags(rows.trajectories, analyze(rows.trajectories, earned_by=earned_by))
     return rows_to_tables(rows)
 
 

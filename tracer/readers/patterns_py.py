@@ -26,8 +26,10 @@ def aggregate(
     :class:`~tracer.readers.patterns.PatternThresholds` (whose defaults these are)."""
     from tracer.readers.near_dup import SAMPLE, repeated_share
 
-    rows = [r for r in rows if num(r.get("step")) is not None and not r.get("validate")
-            and (r.get("behaviour") or r.get("signature"))]  # fmt: skip
+    rows = [r for r in rows if num(r.get("step")) is not None]
+    val = [r for r in rows if r.get("validate")]
+    rows = [r for r in rows if not r.get("validate") and (r.get("behaviour")
+                                                         or r.get("signature"))]  # fmt: skip
     unearned = unearned_flags(rows, earned_by, earned)
     groups: dict[tuple[int, str], Group] = {}
     seen: dict[tuple[int, str], tuple[set[Any], set[Any]]] = {}
@@ -51,6 +53,7 @@ def aggregate(
         for acc in (g, total):
             acc.add(reward, length, correct, bad)
         g.calls += int(num(row.get("num_tool_calls")) or 0)
+        total.calls += int(num(row.get("num_tool_calls")) or 0)
         g.errors += int(num(row.get("num_tool_errors")) or 0)
         if str(row["trace_id"]) < g.example:
             g.example, g.template = str(row["trace_id"]), str(row.get("signature_text") or "")
@@ -65,4 +68,19 @@ def aggregate(
             # the sample DuckDB reads: the first answers by trace id
             sample = sorted(answers[key], key=lambda a: a[0])[:SAMPLE]
             g.repeated = repeated_share([(p, t) for _, p, t in sample])
+    _validation(val, totals)
     return list(groups.values()), totals
+
+
+def _validation(rows: list[Mapping[str, Any]], totals: dict[int, StepTotal]) -> None:
+    """Each validation pass's reward over the prompts every pass has (as patterns_sql)."""
+    by_step: dict[int, list[tuple[Any, float | None]]] = defaultdict(list)
+    for r in rows:
+        prompt = r.get("prompt") if r.get("prompt") is not None else r.get("sample_key")
+        by_step[int(r["step"])].append((prompt, num(r.get("reward"))))
+    prompts = [{p for p, _ in v if p is not None} for v in by_step.values()]
+    common = set.intersection(*prompts) if prompts else set()
+    for step, values in by_step.items():
+        t = totals.setdefault(step, StepTotal(step))
+        paid = [v for p, v in values if p in common and v is not None]
+        t.val_n, t.val_sum, t.val_sq = len(paid), sum(paid), sum(v * v for v in paid)

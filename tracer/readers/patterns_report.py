@@ -35,11 +35,15 @@ def rules(th: PatternThresholds) -> str:
             f"reward hacking: it holds a share and at least {_pct(th.min_unearned)} of its "
             f"trajectories with correctness ({th.earned_by or 'accuracy'}) were paid at least "
             f"{th.paid_ratio:g}x what the step pays a correct answer with correctness below "
-            f"{th.low_correctness:g}; without a correctness signal, only when at least "
-            f"{_pct(th.min_repeated)} of its answers repeat an answer to another prompt. "
+            f"{th.low_correctness:g}; without a correctness signal, only on independent "
+            f"evidence, for a pattern paid above the rest: at least {_pct(th.min_repeated)} of "
+            f"its answers repeat an answer to another prompt; tool calls per trajectory down "
+            f"to {th.tool_drop:g}x an earlier peak while the mean reward rose by "
+            f"{th.min_gain:g}; training reward up by {th.min_gain:g} while validation reward "
+            f"on the same prompts rose under {th.val_flat:g}x as much. "
             f"Rising (a hint, not a verdict): a share at least {th.growth:g}x what it was "
             f"{th.window} steps earlier and a reward at or above the step's mean (rules: "
-            f"tracer/readers/patterns.py, tracer/readers/earned.py)")  # fmt: skip
+            f"tracer/readers/patterns.py, earned.py, independent.py)")  # fmt: skip
 
 
 def pair_html(r: Rising) -> str:

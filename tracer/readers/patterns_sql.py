@@ -76,9 +76,15 @@ _SUMMED = ("n", "n_reward", "reward_sum", "reward_sq", "n_len", "len_sum", "n_ch
 
 @dataclass
 class StepTotal(Counts):
-    """All training trajectories of one step."""
+    """All training trajectories of one step (``calls``: their tool calls), and the
+    validation pass at that step (``val_n`` trajectories, their reward ``val_sum``) over the
+    prompts every validation pass of the run has, and its squares ``val_sq``)."""
 
     step: int
+    calls: int = 0
+    val_n: int = 0
+    val_sum: float = 0.0
+    val_sq: float = 0.0
 
 
 @dataclass
@@ -147,7 +153,8 @@ WITH g AS (
          min(trace_id) AS example
   FROM t GROUP BY step, signature),
 r AS (SELECT *, row_number() OVER (PARTITION BY step ORDER BY n DESC, signature) AS rank,
-             {", ".join(f"sum({c[2:]}) OVER w AS {c}" for c in _TOTALS)}
+             {", ".join(f"sum({c[2:]}) OVER w AS {c}" for c in _TOTALS)},
+             sum(calls) OVER w AS s_calls
       FROM g WINDOW w AS (PARTITION BY step)),
 keep AS (SELECT signature FROM r GROUP BY signature HAVING min(rank) <= $top
          OR max(n) >= $min_count),
@@ -157,8 +164,22 @@ d AS (SELECT step, signature, min(signature_text) AS text,
                AS answers, arg_min(template, trace_id) AS template
       FROM t WHERE signature IN (SELECT signature FROM keep) GROUP BY step, signature)
 SELECT r.step, r.signature, d.text, {", ".join("r." + c for c in _SUMMED)},
-       r.calls, r.errors, r.example, d.prompts, d.answers, d.template, {", ".join(_TOTALS)}
+       r.calls, r.errors, r.example, d.prompts, d.answers, d.template, {", ".join(_TOTALS)},
+       r.s_calls
 FROM r JOIN d USING (step, signature)
+"""
+# Validation passes (validate=True) over the prompts that every pass has: the same data,
+# pass after pass (tracer/readers/independent.py compares them with training reward).
+_VALIDATION = """
+WITH v AS (
+  SELECT CAST(step AS BIGINT) AS step, coalesce(prompt, sample_key) AS prompt, reward
+  FROM (SELECT step, prompt, sample_key, {reward} AS reward FROM src
+        WHERE coalesce(validate, false) AND step IS NOT NULL
+          AND NOT isnan(CAST(step AS DOUBLE)))),
+common AS (SELECT prompt FROM v WHERE prompt IS NOT NULL GROUP BY prompt
+           HAVING count(DISTINCT step) = (SELECT count(DISTINCT step) FROM v))
+SELECT step, count(reward), coalesce(sum(reward), 0), coalesce(sum(reward * reward), 0) FROM v
+WHERE prompt IN (SELECT prompt FROM common) GROUP BY step
 """
 
 
@@ -240,9 +261,11 @@ def duckdb_groups(source: Any, top: int, min_count: int, running: set[Any] | Non
                                 **_counts(sums)))  # fmt: skip
             if int(step) not in totals:  # every step has its top signatures here
                 totals[int(step)] = StepTotal(
-                    int(step), **_counts(dict(zip(_SUMMED, row[9 + k :], strict=True)))
-                )
+                    int(step), int(row[-1] or 0),
+                    **_counts(dict(zip(_SUMMED, row[9 + k : -1], strict=True)))
+                )  # fmt: skip
         _near_dups(con, groups, totals, min_count)
+        _validation(con, totals)
         return groups, totals
     finally:
         if running is not None:
@@ -285,6 +308,18 @@ def _near_dups(con: Any, groups: list[Group], totals: dict[int, StepTotal],
         answers.setdefault((int(step), sig), []).append((prompt, text))
     for key, g in wanted.items():
         g.repeated = repeated_share(answers.get(key, []))
+
+
+def _validation(con: Any, totals: dict[int, StepTotal]) -> None:
+    """Each validation pass's ``val_n`` and ``val_sum`` (a step of validation only gets a
+    total of its own, with ``n`` 0)."""
+    names = {row[0] for row in con.execute("DESCRIBE SELECT * FROM src").fetchall()}
+    if "validate" not in names:
+        return
+    query = _VALIDATION.format(reward=_double("reward"))
+    for step, n, total, sq in con.execute(query).fetchall():
+        t = totals.setdefault(int(step), StepTotal(int(step)))
+        t.val_n, t.val_sum, t.val_sq = int(n), float(total), float(sq)
 
 
 def _counts(sums: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from tracer.readers.export import Tables
 from tracer.readers.health import FLAGS, STEP_FLAGS, Health, analyze
+from tracer.readers.patterns import PatternThresholds
 from tracer.readers.patterns_report import habits_panel
 from tracer.readers.report_page import page
 from tracer.readers.svg import RewardColors, line_chart, strip_chart
@@ -325,9 +326,12 @@ def _validation_panel(val: Any) -> str:
     )
 
 
-def build_report(tables: Tables, title: str | None = None) -> str:
+def build_report(tables: Tables, title: str | None = None, *,
+                 earned_by: str | None = None) -> str:  # fmt: skip
     """The report as one HTML string (``title`` default: :func:`report_title`). Training
-    rollouts make the per-step panels; validation rollouts have their own section."""
+    rollouts make the per-step panels; validation rollouts have their own section.
+    ``earned_by``: the reward part that says correct (default ``accuracy``), for the health
+    flags and the habits' possible reward hacking."""
     traj = tables.trajectories
     title = title or report_title(traj)
     is_val = traj["validate"].fillna(False).astype(bool) if len(traj) else traj["validate"]
@@ -350,20 +354,21 @@ def build_report(tables: Tables, title: str | None = None) -> str:
     tokens_html, token_meta = token_panels(tables)
     colors = RewardColors(train["reward"])
     body += _groups_panel(groups, colors) + _prompts_panel(train) + tokens_html
-    health = analyze(traj.to_dict("records"))
+    health = analyze(traj.to_dict("records"), earned_by=earned_by)
     linked = {t for name in FLAGS for t in health.examples(name, MAX_FLAG_EXAMPLES)}
-    habits, habit_ids = habits_panel(traj)
+    habits, habit_ids = habits_panel(traj, PatternThresholds(earned_by=earned_by))
     time_html, time_ids = time_panel(train)  # where the time went (readers/timing_report.py)
     body = _health_panel(health, MAX_FLAG_EXAMPLES) + habits + time_html + body
     linked |= habit_ids | time_ids
     return page(title, body, transcripts(tables, include=linked), token_meta)
 
 
-def write_report(tables: Tables, out: str, title: str | None = None) -> str:
+def write_report(tables: Tables, out: str, title: str | None = None, *,
+                 earned_by: str | None = None) -> str:  # fmt: skip
     """Write :func:`build_report` to ``out``; returns ``out``. The page is written under a
     temporary name next to ``out`` and renamed when complete: a failure leaves ``out`` as it
     was."""
-    html = build_report(tables, title)
+    html = build_report(tables, title, earned_by=earned_by)
     folder = os.path.dirname(os.path.abspath(out))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial", dir=folder)
     try:

@@ -30,7 +30,8 @@ from tracer.readers.patterns_report import rules
 from tracer.readers.patterns_sql import Group, StepTotal, duckdb_groups
 
 log = logging.getLogger(__name__)
-VERSION = 2  # 2: groups by behaviour, with correctness and unearned counts
+VERSION = 3  # 2: groups by behaviour, with correctness and unearned counts; 3: tool calls and
+# validation passes in the step totals
 KEEP = 2  # tables kept in the cache folder besides those in use
 
 
@@ -227,10 +228,12 @@ def _rising(r: Rising, th: PatternThresholds) -> dict[str, Any]:
 class PatternTables:
     """The patterns of every run of a store, for the explorer's server."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, earned_by: str | None = None) -> None:
         self.store = store
         self.cache_dir: str | None = None
-        self.tables = {name: PatternTable(r.path, stop=store.stop)
+        # earned_by: the reward part that says correct (explore --earned-by)
+        self.thresholds = PatternThresholds(earned_by=earned_by)
+        self.tables = {name: PatternTable(r.path, thresholds=self.thresholds, stop=store.stop)
                        for name, r in store.runs.items()}  # fmt: skip
 
     def __getitem__(self, name: str) -> PatternTable:
@@ -255,7 +258,8 @@ class PatternTables:
         """Compute run ``name``'s table again (its export changed); the old one answers
         until the new one is ready."""
         run = self.store.runs[name]
-        table = PatternTable(run.path, run.folder, self.cache_dir, stop=self.store.stop)
+        table = PatternTable(run.path, run.folder, self.cache_dir, self.thresholds,
+                             stop=self.store.stop)  # fmt: skip
         table.start().join()
         self.tables[name] = table
         self.prune()

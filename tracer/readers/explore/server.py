@@ -79,7 +79,8 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 class Explorer:
     """The store, the runs' search indexes, and the API's dispatch (usable without HTTP)."""
 
-    def __init__(self, store: Store, indexes: dict[str, SearchIndex] | None = None) -> None:
+    def __init__(self, store: Store, indexes: dict[str, SearchIndex] | None = None,
+                 earned_by: str | None = None) -> None:  # fmt: skip
         self.store = store
         self.indexes = indexes or {}
         self.index_errors: dict[str, str] = {}
@@ -88,7 +89,7 @@ class Explorer:
         # per run: off (no cache folder), waiting, building, done, or "failed: why"
         self.compaction: dict[str, str] = dict.fromkeys(store.runs, "off")
         self.scan_seconds = SCAN_SECONDS
-        self.patterns = PatternTables(store)  # computed on first request or by build_indexes
+        self.patterns = PatternTables(store, earned_by)  # built on first request/build_indexes
 
     def build_indexes(self, progress: Any = None, cache_dir: str | None = None) -> None:
         """Once per export, in the background: the compacted tables (``cache_dir``), the
@@ -292,9 +293,14 @@ ROUTES: dict[str, tuple[Any, set[str]]] = {
 }
 
 
+# the page and its scripts (static/; package data), by URL path: nothing else is served
+STATIC = {"/": "explore.html", "/index.html": "explore.html", "/patterns.js": "patterns.js",
+          "/time.js": "time.js"}
+TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8"}
+
+
 def page_html(name: str = "explore.html") -> bytes:
-    page = resources.files("tracer.readers.explore").joinpath(f"static/{name}")
-    return page.read_bytes()
+    return resources.files("tracer.readers.explore").joinpath("static", name).read_bytes()
 
 
 def host_name(value: str) -> str:
@@ -358,11 +364,9 @@ class Handler(BaseHTTPRequestHandler):
             self._json(414, {"error": f"URL longer than {MAX_URL} characters"})
             return
         url = urlparse(self.path)
-        if url.path in ("/", "/index.html"):
-            self._send(200, page_html(), "text/html; charset=utf-8")
-            return
-        if url.path == "/time.js":  # the Time tab's script
-            self._send(200, page_html("time.js"), "text/javascript; charset=utf-8")
+        name = STATIC.get(url.path)
+        if name:
+            self._send(200, page_html(name), TYPES[name.rsplit(".", 1)[1]])
             return
         try:
             query = parse_qs(url.query, keep_blank_values=True, max_num_fields=100)
