@@ -93,6 +93,8 @@ class TrlTrace:
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.traced = 0  # completions handed to the tracer (sampled or not)
+        config = tracer.get_tracer().config
+        self.errors = InternalErrors(bool(getattr(config, "raise_internal_errors", False)))
         self._generate = trainer._generate_and_score_completions
         self._log = trainer.log
 
@@ -110,8 +112,7 @@ class TrlTrace:
         try:  # a tracing error never reaches the trainer (but does in the project's tests)
             self._record(inputs, output, t0)
         except Exception as exc:
-            raising = bool(getattr(tracer.get_tracer().config, "raise_internal_errors", False))
-            InternalErrors(raising).report("tracer.trl: tracing a generation batch", exc)
+            self.errors.report("tracer.trl: tracing a generation batch", exc)
         return output
 
     def _log_with_metrics(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -141,6 +142,7 @@ class TrlTrace:
         parts = {name: [logs["rewards"][name][i] for i in rows] for name in names}
         weights = [float(w) for w in tr.reward_weights.tolist()]
         ids = _token_turns(output)
+        prompt_ids = _rows(output["prompt_ids"], output["prompt_mask"]) if ids else None
         logprobs = output.get("sampling_per_token_logps")
         lps = _rows(logprobs, output["completion_mask"]) if logprobs is not None else None
         eos = set(getattr(tr, "eos_token_ids", None) or [])
@@ -163,7 +165,8 @@ class TrlTrace:
                     continue
                 traj.start_ns = t0
                 spans = _spans(traj.root_id, prompts[j], completions[j], ids[j] if ids else None,
-                               lps[j] if lps else None, eos, t0, t1)  # fmt: skip
+                               prompt_ids[j] if prompt_ids else None, lps[j] if lps else None,
+                               eos, t0, t1)  # fmt: skip
                 spans.append(_reward_span(traj.root_id, completions[j], scores, total,
                                           t1 + len(spans)))  # fmt: skip
                 tokenizer = getattr(tr, "processing_class", None)
@@ -186,7 +189,9 @@ def _num(value: Any) -> float | None:
 def _rows(tensor: Any, mask: Any) -> list[list[Any]]:
     """Each row of a padded (batch x length) tensor, cut to its mask."""
     values, keep = tensor.tolist(), mask.tolist()
-    return [[v for v, m in zip(row, k, strict=False) if m] for row, k in zip(values, keep, strict=True)]
+    return [
+        [v for v, m in zip(row, k, strict=False) if m] for row, k in zip(values, keep, strict=True)
+    ]
 
 
 def _token_turns(output: dict[str, Any]) -> list[list[tuple[list[int], list[int]]]] | None:
@@ -203,9 +208,7 @@ def _token_turns(output: dict[str, Any]) -> list[list[tuple[list[int], list[int]
     for row, marks in zip(rows, tools, strict=True):
         turns: list[tuple[list[int], list[int]]] = []
         for token, mark in zip(row, marks, strict=False):
-            if mark and (not turns or turns[-1][1]):
-                turns.append(([], []))
-            elif not mark and not turns:
+            if not turns or (mark and turns[-1][1]):  # a model token after tool tokens
                 turns.append(([], []))
             turns[-1][1 if not mark else 0].append(token)
         out.append(turns)
@@ -213,8 +216,10 @@ def _token_turns(output: dict[str, Any]) -> list[list[tuple[list[int], list[int]
 
 
 def _spans(root: int, prompt: Any, completion: Any, turns: list[tuple[list[int], list[int]]] | None,
-           logprobs: list[float] | None, eos: set[int], t0: int, t1: int) -> list[Span]:  # fmt: skip
-    """One generate span per assistant message and one tool span per tool call. TRL does not
+           prompt_ids: list[int] | None, logprobs: list[float] | None, eos: set[int], t0: int,
+           t1: int) -> list[Span]:  # fmt: skip
+    """One generate span per assistant message (its prompt ids: the prompt and every token
+    before the turn, tool results included) and one tool span per tool call. TRL does not
     time single turns: each span carries the generation batch's window (start ``t0`` plus its
     order in nanoseconds, end ``t1``) and ``timing="trl_batch"``."""
     messages = completion if isinstance(completion, list) else [
@@ -225,12 +230,17 @@ def _spans(root: int, prompt: Any, completion: Any, turns: list[tuple[list[int],
         turns = None  # TRL rolled a turn back (too long): keep the text, not misplaced ids
     spans: list[Span] = []
     offset = 0
+    context = list(prompt_ids or [])
     for k, i in enumerate(assistant):
         msg = messages[i]
         calls = msg.get("tool_calls") or []
         out: dict[str, Any] = {"content": _text(msg.get("content")), "tool_calls": calls or None}
+        inputs: dict[str, Any] = {"messages": history + messages[:i]}
         if turns is not None:
             model_ids = turns[k][0]
+            if prompt_ids is not None:
+                inputs["prompt_ids"] = list(context)
+                context += model_ids + turns[k][1]
             out["response_ids"] = list(model_ids)
             if logprobs is not None:
                 out["logprobs"] = logprobs[offset : offset + len(model_ids)]
@@ -238,8 +248,7 @@ def _spans(root: int, prompt: Any, completion: Any, turns: list[tuple[list[int],
             last = model_ids[-1] if model_ids else None
             out["finish_reason"] = ("tool_calls" if calls else
                                     "stop" if last in eos else "length")  # fmt: skip
-        gen = Span("generate", "generate", root, {"messages": history + messages[:i]},
-                   t0 + len(spans) + 1)  # fmt: skip
+        gen = Span("generate", "generate", root, inputs, t0 + len(spans) + 1)
         gen.outputs, gen.end_ns = out, t1
         gen.set_attr("timing", "trl_batch")
         spans.append(gen)
