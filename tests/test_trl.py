@@ -41,11 +41,11 @@ def calculator(expression: str) -> str:
     return str(safe_eval(expression))
 
 
-def accuracy_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+def accuracy_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float | None]:
     return [float(str(a) in _final_text(c)) for c, a in zip(completions, answer, strict=True)]
 
 
-def length_reward(completions: list[Any], **_: Any) -> list[float]:
+def length_reward(completions: list[Any], **_: Any) -> list[float | None]:
     return [-len(_final_text(c)) / 1000 for c in completions]
 
 
@@ -125,7 +125,7 @@ def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _EXPRESSIONS.update({r["prompt"][-1]["content"]: r["expression"] for r in data})
     args = GRPOConfig(
         output_dir=str(tmp / "out"), max_steps=2, per_device_train_batch_size=8,
-        num_generations=NUM_GENERATIONS, max_completion_length=24, logging_steps=1,
+        num_generations=NUM_GENERATIONS, max_completion_length=64, logging_steps=1,
         log_completions=True, report_to=[], save_strategy="no", use_cpu=True, seed=0,
         learning_rate=1e-6, temperature=1.0,
     )  # fmt: skip
@@ -187,6 +187,11 @@ def test_every_logged_completion_is_a_trace_with_its_text_rewards_and_advantage(
             assert _close(getattr(row, name), reward[name]), (name, row, reward)
         assert _close(row.accuracy_reward + row.length_reward, reward["score"])
         assert _close(row.advantage, float(trace.info.tags["advantage"]))
+        assert _close(reward["score"], float(trace.info.tags["reward"]))
+        assert trace.info.tags["policy_version"] == str(int(step) - 1)  # the weights that sampled
+        group = f"{EXPERIMENT}/step-{step}/sample-{index // NUM_GENERATIONS}"
+        assert group in trace.info.trace_metadata.values()  # the MLflow session: its GRPO group
+        assert {s.attributes["timing"] for s in turns} == {"trl_batch"}
 
 
 @pytest.mark.slow(seconds=240)
@@ -219,6 +224,24 @@ def test_tracer_counters_reach_trl_log(grpo_run: dict[str, Any]) -> None:
     assert len(history) == 2
     assert [h["tracer/trl_completions"] for h in history] == [8.0, 16.0]
     assert history[-1]["tracer/submitted"] >= 8
+
+
+def test_a_trainer_of_another_shape_is_refused_naming_the_tested_versions() -> None:
+    import tracer.trl
+
+    class NotGRPO:
+        def log(self, logs: dict[str, float]) -> None: ...
+
+    with pytest.raises(tracer.trl.TrlVersionError, match=r"tested with GRPOTrainer of TRL 1\.16"):
+        tracer.trl.trace(NotGRPO())
+
+
+def test_import_tracer_stays_free_of_trl() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, tracer; assert not {'trl', 'transformers', 'torch'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.slow(seconds=240)
