@@ -3,7 +3,8 @@ SmolLM2-135M-Instruct, 2 steps on the project's math problems with a calculator 
 into a real MLflow store and read back with MLflow's client, against TRL's own
 ``completions_*.parquet`` (``log_completions=True``).
 
-One training run (~2-3 min, ~5 GB) shared by every assertion of this module.
+One training run (2 steps of one GRPO group of 4: ~3 min quiet, ~5 GB) shared by every
+assertion of this module.
 
 Tool calls: the 135M model never calls a tool by itself, so in this test the FIRST turn of two
 completions per group is forced (TEST-ONLY, below: ``_force_first_turn``): their generated ids
@@ -27,6 +28,7 @@ pytest.importorskip("mlflow")
 from tests.conftest import search_traces
 
 NUM_GENERATIONS = 4
+BATCH = 4  # completions a step: one prompt's GRPO group (a step with tools costs minutes here)
 EXPERIMENT = "trl-grpo"
 
 
@@ -60,7 +62,7 @@ def _dataset() -> Any:
 
     from rollout.worker import load_dataset
 
-    rows = load_dataset()[:8]
+    rows = load_dataset()[:4]
     return Dataset.from_list([
         {"prompt": [{"role": "user", "content": r["question"]}], "answer": str(r["answer"]),
          "expression": r["solution"].split("=")[0].strip()}
@@ -124,8 +126,8 @@ def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     data = _dataset()
     _EXPRESSIONS.update({r["prompt"][-1]["content"]: r["expression"] for r in data})
     args = GRPOConfig(
-        output_dir=str(tmp / "out"), max_steps=2, per_device_train_batch_size=8,
-        num_generations=NUM_GENERATIONS, max_completion_length=64, logging_steps=1,
+        output_dir=str(tmp / "out"), max_steps=2, per_device_train_batch_size=BATCH,
+        num_generations=NUM_GENERATIONS, max_completion_length=56, logging_steps=1,
         log_completions=True, report_to=[], save_strategy="no", use_cpu=True, seed=0,
         learning_rate=1e-6, temperature=1.0,
     )  # fmt: skip
@@ -172,10 +174,10 @@ def test_every_logged_completion_is_a_trace_with_its_text_rewards_and_advantage(
     grpo_run: dict[str, Any], traces: dict[tuple[int, int, int], Any]
 ) -> None:
     logged = grpo_run["logged"]
-    assert len(grpo_run["files"]) == 2 and len(logged) == 16
+    assert len(grpo_run["files"]) == 2 and len(logged) == 2 * BATCH
     assert len(traces) == len(logged)
     for row, step in zip(logged.itertuples(), logged["step"], strict=True):
-        index = row.Index % 8
+        index = row.Index % BATCH
         trace = traces[int(step), index // NUM_GENERATIONS, index % NUM_GENERATIONS]
         completion = list(row.completion)
         said = [m["content"] for m in completion if m["role"] == "assistant"]
@@ -222,8 +224,8 @@ def test_tool_calls_are_spans_with_arguments_results_and_failures(
 def test_tracer_counters_reach_trl_log(grpo_run: dict[str, Any]) -> None:
     history = [h for h in grpo_run["trainer"].state.log_history if "loss" in h]
     assert len(history) == 2
-    assert [h["tracer/trl_completions"] for h in history] == [8.0, 16.0]
-    assert history[-1]["tracer/submitted"] >= 8
+    assert [h["tracer/trl_completions"] for h in history] == [BATCH, 2 * BATCH]
+    assert history[-1]["tracer/submitted"] >= BATCH
 
 
 def test_a_trainer_of_another_shape_is_refused_naming_the_tested_versions() -> None:
@@ -244,34 +246,76 @@ def test_import_tracer_stays_free_of_trl() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.fixture(scope="module")
+def exported(grpo_run: dict[str, Any]) -> Path:
+    from rollout.cli import main
+
+    out = grpo_run["tmp"] / "export"
+    assert main(["export", "--out", str(out), "--no-progress", *_store(grpo_run)]) == 0
+    return out
+
+
+def _store(grpo_run: dict[str, Any]) -> list[str]:
+    return ["--from", "mlflow", "--tracking-uri", grpo_run["uri"], "--experiment", EXPERIMENT]
+
+
 @pytest.mark.slow(seconds=240)
-def test_export_report_and_flags_read_the_trl_run(
-    grpo_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_export_report_and_flags_read_the_trl_run(grpo_run: dict[str, Any], exported: Path) -> None:
     import pyarrow.parquet as pq
 
     from rollout.cli import main
 
-    uri, out = grpo_run["uri"], grpo_run["tmp"] / "export"
-    common = ["--from", "mlflow", "--tracking-uri", uri, "--experiment", EXPERIMENT]
-    assert main(["export", "--out", str(out), "--no-progress", *common]) == 0
-    rows = pq.read_table(out / "trajectories.parquet").to_pylist()
+    rows = pq.read_table(exported / "trajectories.parquet").to_pylist()
     logged = grpo_run["logged"]
     assert len(rows) == len(logged)
     by_key = {(r["step"], r["sample_index"], r["rollout_n"]): r for r in rows}
     for i, row in enumerate(logged.itertuples()):
-        r = by_key[int(row.step), (i % 8) // NUM_GENERATIONS, i % NUM_GENERATIONS]
+        r = by_key[int(row.step), (i % BATCH) // NUM_GENERATIONS, i % NUM_GENERATIONS]
         assert _close(r["reward"], row.accuracy_reward + row.length_reward)
-        assert r["num_tool_calls"] == (1 if r["rollout_n"] in (0, 1) else r["num_tool_calls"])
+        if r["rollout_n"] in (0, 1):
+            assert r["num_tool_calls"] == 1
         assert r["num_tool_errors"] == (1 if r["rollout_n"] == 1 else 0)
         assert r["prompt"] == list(row.prompt)[-1]["content"]
-    tools = pq.read_table(out / "tool_calls.parquet").to_pylist()
+    tools = pq.read_table(exported / "tool_calls.parquet").to_pylist()
     assert {t["name"] for t in tools} == {"calculator"}
     assert all("expression" in json.loads(t["arguments"]) for t in tools)
-    tokens = pq.read_table(out / "tokens.parquet").to_pylist()
+    tokens = pq.read_table(exported / "tokens.parquet").to_pylist()
     # model tokens (loss_mask 1) and the tool results' tokens between turns (TRL's tool_mask 0)
     assert {t["loss_mask"] for t in tokens} == {0, 1}
     report = grpo_run["tmp"] / "report.html"
-    assert main(["report", *common, "--out", str(report)]) == 0
+    assert main(["report", *_store(grpo_run), "--out", str(report)]) == 0
     assert "completion" in report.read_text(encoding="utf-8")
-    assert main(["flags", *common, "--no-progress"]) == 0
+    assert main(["flags", *_store(grpo_run), "--no-progress"]) == 0
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.slow(seconds=240)
+def test_the_explorer_shows_a_grpo_group_side_by_side(exported: Path, tmp_path: Path) -> None:
+    import shutil
+
+    if not shutil.which(CHROMIUM):
+        pytest.skip("needs Debian's chromium")
+    pytest.importorskip("duckdb")
+    pq = pytest.importorskip("pyarrow.parquet")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tests._explore import serving
+
+    rows = pq.read_table(exported / "trajectories.parquet").to_pylist()
+    group = {r["rollout_n"]: r for r in rows if (r["step"], r["sample_index"]) == (1, 0)}
+    with serving([("trl", exported)], tmp_path / "cache", search=0) as base, \
+            sync_api.sync_playwright() as p:  # fmt: skip
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu"])  # fmt: skip
+        page = browser.new_page()
+        page.goto(base + "#/group?step=1&sample=0&validate=false")
+        page.wait_for_function("document.body.dataset.ready === location.hash", timeout=60_000)
+        cols = page.locator("#group .col")
+        assert cols.count() == NUM_GENERATIONS == len(group)
+        for i in range(cols.count()):
+            col = cols.nth(i)
+            r = group[int(col.get_attribute("data-rollout") or -1)]
+            assert col.get_attribute("data-id") == r["trace_id"]
+            assert ("tool errors" in col.inner_text()) == bool(r["num_tool_errors"])
+        browser.close()

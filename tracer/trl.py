@@ -176,6 +176,8 @@ class TrlTrace:
                 traj.spans.extend(spans)
                 traj.nbytes += sum(_size(s.inputs) + _size(s.outputs) for s in spans)
         self.traced += local
+        # the batch is the whole step (per process): the keep rules may decide its groups now
+        tracer.end_step(step, validate)
 
 
 def _num(value: Any) -> float | None:
