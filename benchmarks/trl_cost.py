@@ -1,9 +1,9 @@
 """What tracing costs a TRL GRPO training step (``tracer.trl.trace``): a side-by-side figure.
 
-One real ``GRPOTrainer`` (TRL, SmolLM2-135M-Instruct on the CPU, plain GRPO, a tiny config) trains
-``--steps`` steps; tracing is switched on for the even steps and off for the odd ones (the
-wrappers installed and removed between steps), so both halves share the model, the machine's
-load and its drift. Reported:
+One real ``GRPOTrainer`` (TRL; SmolLM2-135M-Instruct, or a tiny random Qwen3, on the CPU; plain
+GRPO; a tiny config) trains ``--steps`` steps; tracing is switched on for the even steps and off
+for the odd ones (the wrappers installed and removed between steps), so both halves share the
+model, the machine's load and its drift. Reported:
 
 - the median step time traced and untraced, and their ratio (goal: under 1.02; sampling makes
   single steps vary by more than that, so read it with the noise it prints);
@@ -31,19 +31,21 @@ def _reward(completions: list[Any], **_: Any) -> list[float | None]:
     return [float(len(str(c)) % 7) for c in completions]
 
 
-def run(steps: int, completion_tokens: int) -> dict[str, Any]:
+def run(steps: int, completion_tokens: int, model_name: str) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     import tracer
     import tracer.trl
-    from rollout.models import SMOLLM2, resolve_model_path
+    from rollout.models import resolve_model_path
     from rollout.worker import load_dataset
 
     tmp = Path(tempfile.mkdtemp(prefix="trl-cost-"))
-    folder = resolve_model_path(SMOLLM2)
+    folder = resolve_model_path(model_name)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(folder))
     rows = load_dataset()[: 2 * steps]
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}]}
@@ -86,7 +88,8 @@ def run(steps: int, completion_tokens: int) -> dict[str, Any]:
             "traced": handle.traced}  # fmt: skip
 
 
-def report(result: dict[str, Any], steps: int, tokens: int, load: tuple[float, ...]) -> str:
+def report(result: dict[str, Any], steps: int, tokens: int, model: str,
+           load: tuple[float, ...]) -> str:  # fmt: skip
     traced, plain = result["times"]["traced"], result["times"]["plain"]
     med_t, med_p = statistics.median(traced), statistics.median(plain)
     spread = (max(plain) - min(plain)) / med_p if len(plain) > 1 else 0.0
@@ -96,9 +99,9 @@ def report(result: dict[str, Any], steps: int, tokens: int, load: tuple[float, .
     lines = [
         "# TRL GRPO step: cost of tracer.trl.trace",
         "",
-        f"Written by `python -m benchmarks.trl_cost --steps {steps}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; TRL {trl.__version__}, "
-        f"SmolLM2-135M-Instruct on the CPU, 8 completions a step (4 per prompt), "
+        f"Written by `python -m benchmarks.trl_cost --steps {steps} --tokens {tokens} --model "
+        f"{model}` on {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; TRL "
+        f"{trl.__version__}, {model} on the CPU, 8 completions a step (4 per prompt), "
         f"{tokens} new tokens, plain GRPO, mlflow backend (sqlite). Load average at start "
         f"{list(load)} (a shared machine: compare the ratio, not the times).",
         "",
@@ -110,7 +113,7 @@ def report(result: dict[str, Any], steps: int, tokens: int, load: tuple[float, .
         f"| spread of untraced steps (max - min) / median: the noise | {spread:.1%} |",
         f"| tracer's time on the trainer's thread per traced step | {record_ms:.2f} ms |",
         f"| the same, as a share of the median step | {record_ms / 1e3 / med_p:.4%} |",
-        f"| completions traced / all stored | {result['traced']} / {result['stored']} |",
+        f"| completions traced; flush stored all | {result['traced']}; {result['stored']} |",
         "",
     ]
     return "\n".join(lines)
@@ -120,11 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="a builtin model (rollout/models.py): smollm2-135m-instruct, or "
+        "tiny-qwen3 (2 random layers: the step is short, so the tracer's share "
+        "is larger)",
+    )
     parser.add_argument("--out", default="benchmarks/RESULTS-trl.md")
     ns = parser.parse_args(argv)
     quiet_env()
     load = os.getloadavg()
-    text = report(run(ns.steps, ns.tokens), ns.steps, ns.tokens, load)
+    text = report(run(ns.steps, ns.tokens, ns.model), ns.steps, ns.tokens, ns.model, load)
     Path(ns.out).write_text(text, encoding="utf-8")
     print(text)
     return 0
