@@ -103,7 +103,7 @@ def report(result: dict[str, Any], steps: int, tokens: int, model: str,
         f"{model}` on {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; TRL "
         f"{trl.__version__}, {model} on the CPU, 8 completions a step (4 per prompt), "
         f"{tokens} new tokens, plain GRPO, mlflow backend (sqlite). Load average at start "
-        f"{list(load)} (a shared machine: compare the ratio, not the times).",
+        f"{[round(x, 2) for x in load]} (a shared machine: compare the ratio, not the times).",
         "",
         "| | value |",
         "|---|---|",
