@@ -30,6 +30,7 @@ from tests.conftest import search_traces
 NUM_GENERATIONS = 4
 BATCH = 4  # completions a step: one prompt's GRPO group (a step with tools costs minutes here)
 EXPERIMENT = "trl-grpo"
+RUN = "run-1"
 
 
 def calculator(expression: str) -> str:
@@ -42,7 +43,7 @@ def calculator(expression: str) -> str:
 
     try:
         return str(safe_eval(expression))
-    except ToolError:  # a short message: TRL drops a tool result that overruns the completion
+    except ToolError:  # short: TRL drops a tool result that would overrun max_completion_length
         raise ValueError("invalid expression") from None
 
 
@@ -130,7 +131,7 @@ def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _EXPRESSIONS.update({r["prompt"][-1]["content"]: r["expression"] for r in data})
     args = GRPOConfig(
         output_dir=str(tmp / "out"), max_steps=2, per_device_train_batch_size=BATCH,
-        num_generations=NUM_GENERATIONS, max_completion_length=64, logging_steps=1,
+        num_generations=NUM_GENERATIONS, max_completion_length=72, logging_steps=1,
         log_completions=True, report_to=[], save_strategy="no", use_cpu=True, seed=0,
         learning_rate=1e-6, temperature=1.0,
     )  # fmt: skip
@@ -140,6 +141,7 @@ def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _force_first_turn(trainer, tokenizer)
     # the one line
     tracer.trl.trace(trainer, backend="mlflow", tracking_uri=uri, project_name=EXPERIMENT,
+                     experiment_name=RUN,
                      max_samples_per_step_per_worker=64, token2text=True,
                      raise_internal_errors=True)  # fmt: skip
     trainer.train()
@@ -194,7 +196,7 @@ def test_every_logged_completion_is_a_trace_with_its_text_rewards_and_advantage(
         assert _close(row.advantage, float(trace.info.tags["advantage"]))
         assert _close(reward["score"], float(trace.info.tags["reward"]))
         assert trace.info.tags["policy_version"] == str(int(step) - 1)  # the weights that sampled
-        group = f"{EXPERIMENT}/step-{step}/sample-{index // NUM_GENERATIONS}"
+        group = f"{RUN}/step-{step}/sample-{index // NUM_GENERATIONS}"
         assert group in trace.info.trace_metadata.values()  # the MLflow session: its GRPO group
         assert {s.attributes["timing"] for s in turns} == {"trl_batch"}
 
