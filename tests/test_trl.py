@@ -289,7 +289,9 @@ def test_export_report_and_flags_read_the_trl_run(grpo_run: dict[str, Any], expo
     assert {t["loss_mask"] for t in tokens} == {0, 1}
     report = grpo_run["tmp"] / "report.html"
     assert main(["report", *_store(grpo_run), "--out", str(report)]) == 0
-    assert "completion" in report.read_text(encoding="utf-8")
+    html = report.read_text(encoding="utf-8")
+    assert f"Rollout report: {EXPERIMENT} / {RUN}" in html
+    assert sum(r["trace_id"] in html for r in rows) >= 1  # it links trajectories of the run
     assert main(["flags", *_store(grpo_run), "--no-progress"]) == 0
 
 
