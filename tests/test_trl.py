@@ -277,6 +277,9 @@ def test_export_report_and_flags_read_the_trl_run(grpo_run: dict[str, Any], expo
     for i, row in enumerate(logged.itertuples()):
         r = by_key[int(row.step), (i % BATCH) // NUM_GENERATIONS, i % NUM_GENERATIONS]
         assert _close(r["reward"], row.accuracy_reward + row.length_reward)
+        # TRL's accuracy_reward is the run's correctness signal (possible reward hacking)
+        assert _close(r["accuracy"], row.accuracy_reward)
+        assert _close((r["reward_parts"] or {}).get("accuracy_reward"), row.accuracy_reward)
         if r["rollout_n"] in (0, 1):
             assert r["num_tool_calls"] == 1
         assert r["num_tool_errors"] == (1 if r["rollout_n"] == 1 else 0)

@@ -317,7 +317,8 @@ TOKEN_SUMMARY = ("mismatch_kl_mean", "mismatch_kl_max", "ref_kl_mean", "ref_kl_m
 def _accuracy(spans: list[SpanRecord]) -> float | None:
     for span in reversed(spans):
         if span.kind == "reward" and span.status == "OK":
-            value = _field(span.outputs, "accuracy", "acc")
+            # verl's reward functions say acc; TRL's built-in reward function is accuracy_reward
+            value = _field(span.outputs, "accuracy", "acc", "accuracy_reward")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return float(value)
     return None
