@@ -7,8 +7,8 @@
 **Correctness** is a reward part that says whether the answer is right: by default the
 ``accuracy`` column (the reward span's ``acc``, ``accuracy`` or TRL's ``accuracy_reward``),
 else any numeric part named by ``earned_by`` (``rollout-tracer flags --earned-by format``),
-read from the trajectory's ``reward_parts``. A trajectory without it is *not checked*: nothing here says
-its reward was or was not earned.
+read from the trajectory's ``reward_parts``. A trajectory without it is *not checked*: nothing
+here says its reward was or was not earned.
 
 **Unearned**, per trajectory: correctness below ``low_correctness`` (0.5: ``acc`` 0), and a
 reward above 0 and at least ``paid_ratio`` (0.8) of what the step pays a correct answer (the
