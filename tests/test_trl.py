@@ -24,8 +24,11 @@ import pytest
 
 pytest.importorskip("trl")
 pytest.importorskip("mlflow")
-
 from tests.conftest import search_traces
+
+# one xdist worker runs the whole module: the 2-step training (its module fixture) runs once,
+# not once per worker (the suite's first run with this file trained three times: +15 min)
+pytestmark = pytest.mark.xdist_group("trl")
 
 NUM_GENERATIONS = 4
 BATCH = 4  # completions a step: one prompt's GRPO group (a step with tools costs minutes here)
@@ -279,7 +282,8 @@ def test_export_report_and_flags_read_the_trl_run(grpo_run: dict[str, Any], expo
         assert _close(r["reward"], row.accuracy_reward + row.length_reward)
         # TRL's accuracy_reward is the run's correctness signal (possible reward hacking)
         assert _close(r["accuracy"], row.accuracy_reward)
-        assert _close((r["reward_parts"] or {}).get("accuracy_reward"), row.accuracy_reward)
+        parts = dict(r["reward_parts"] or [])  # a Parquet map reads back as (key, value) pairs
+        assert _close(parts.get("accuracy_reward"), row.accuracy_reward)
         if r["rollout_n"] in (0, 1):
             assert r["num_tool_calls"] == 1
         assert r["num_tool_errors"] == (1 if r["rollout_n"] == 1 else 0)
