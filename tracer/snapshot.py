@@ -67,6 +67,15 @@ def json_value(x: Json) -> Any:
     return orjson.loads(orjson.dumps(x))
 
 
+def plain(value: Any) -> Any:
+    """A snapshot's value as plain data: its JSON fragments decoded, dicts walked."""
+    if isinstance(value, Json):
+        return json_value(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
 def json_depth(data: bytes) -> int:
     """How deeply the containers of compact JSON ``data`` nest, strings skipped; at C speed."""
     if b'"' in data:  # drop escaped backslashes and quotes, then every string's contents

@@ -28,6 +28,7 @@ import weakref
 from typing import Any
 
 from tracer.errors import log_every
+from tracer.snapshot import plain
 
 log = logging.getLogger("tracer")
 
@@ -57,20 +58,11 @@ class OpenTrajectories(set):  # type: ignore[type-arg]
 _ARGS_CHARS = 300
 
 
-def _plain(value: Any) -> Any:
-    from tracer.snapshot import Json, json_value
-
-    if isinstance(value, Json):
-        return json_value(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
 
 def describe_span(span: Any, now_ns: int) -> str:
     """``tool python arguments={...} (open 12.0 s)``: what a trajectory is waiting on."""
     open_s = (now_ns - span.start_ns) / 1e9
-    inputs = _plain(span.inputs)
+    inputs = plain(span.inputs)
     if span.kind == "tool" and isinstance(inputs, dict):
         name = inputs.get("name", inputs.get("tool_name", span.name))
         args = inputs.get("arguments", {k: v for k, v in inputs.items() if k != "name"})

@@ -48,6 +48,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracer.readers.earned import num
+
 TRAJECTORY_FLAGS = ("truncated", "tool_loop", "identical_turns", "tool_error_burst",
                     "short_answer_high_reward")  # fmt: skip
 STEP_FLAGS = ("truncation_rate", "length_drift", "zero_variance_rising",
@@ -162,15 +164,6 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f  # NaN (pandas' missing value)
-
 
 def _flags_of(row: Mapping[str, Any]) -> list[str]:
     value = row.get("flags")
@@ -201,7 +194,7 @@ def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = Non
         by_step[(bool(row.get("validate")), row.get("step"))].append(row)
     baseline: dict[bool, dict[str, float | None]] = {}
     for (validate, step), members in sorted(by_step.items(), key=lambda kv: (kv[0][0],
-                                            _num(kv[0][1]) or 0)):  # fmt: skip
+                                            num(kv[0][1]) or 0)):  # fmt: skip
         stats = _step_stats(members)
         base = baseline.setdefault(validate, stats)
         for flag in _step_rules(members, stats, base, th, unearned):
@@ -222,12 +215,12 @@ def _pairs(members: list[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any
 
 
 def _step_stats(members: list[Mapping[str, Any]]) -> dict[str, float | None]:
-    lengths = [x for x in (_num(r.get("response_tokens")) for r in members) if x is not None]
-    rewards = [x for x in (_num(r.get("reward")) for r in members) if x is not None]
-    accs = [x for x in (_num(r.get("accuracy")) for r in members) if x is not None]
+    lengths = [x for x in (num(r.get("response_tokens")) for r in members) if x is not None]
+    rewards = [x for x in (num(r.get("reward")) for r in members) if x is not None]
+    accs = [x for x in (num(r.get("accuracy")) for r in members) if x is not None]
     groups: dict[str, list[float | None]] = defaultdict(list)
     for r in members:
-        groups[str(r.get("sample_key"))].append(_num(r.get("reward")))
+        groups[str(r.get("sample_key"))].append(num(r.get("reward")))
     sized = [g for g in groups.values() if len(g) >= 2]
     zero = sum(1 for g in sized if len(set(g)) == 1) / len(sized) if sized else None
     return {"length": _mean(lengths), "reward": _mean(rewards), "accuracy": _mean(accs),
@@ -251,7 +244,7 @@ def _step_rules(
         ratio = length / base_length
         if ratio > th.length_drift or ratio < 1 / th.length_drift:
             up = ratio > 1
-            hit = [i for i, r in _pairs(members) if (n := _num(r.get("response_tokens")))
+            hit = [i for i, r in _pairs(members) if (n := num(r.get("response_tokens")))
                    is not None and (n > base_length * th.length_drift if up
                                     else n < base_length / th.length_drift)]  # fmt: skip
             out.append(StepFlag(None, False, "length_drift", ratio, hit))
@@ -261,12 +254,12 @@ def _step_rules(
         rewards: dict[str, set[float | None]] = defaultdict(set)
         for i, r in _pairs(members):
             groups[str(r.get("sample_key"))].append(i)
-            rewards[str(r.get("sample_key"))].add(_num(r.get("reward")))
+            rewards[str(r.get("sample_key"))].add(num(r.get("reward")))
         hit = [i for k, g in groups.items() if len(g) >= 2 and len(rewards[k]) == 1 for i in g]
         out.append(StepFlag(None, False, "zero_variance_rising", zero, hit))
     reward, acc, base_acc = stats["reward"], stats["accuracy"], base["accuracy"]
     no_acc = [i for i, r in _pairs(members)
-              if (_num(r.get("reward")) or 0) > 0 and _num(r.get("accuracy")) == 0]  # fmt: skip
+              if (num(r.get("reward")) or 0) > 0 and num(r.get("accuracy")) == 0]  # fmt: skip
     if reward and acc is not None and base_acc is not None:
         share = (reward - acc) / reward
         if share >= th.component_share and abs(acc - base_acc) <= th.flat_accuracy:

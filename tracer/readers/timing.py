@@ -26,6 +26,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tracer.snapshot import plain
+
 PARTS = ("generate", "tool", "reward", "other", "gap")
 # which span an instant belongs to when several are open: the most specific work wins
 _PRIORITY = {"tool": 4, "generate": 3, "reward": 2}
@@ -36,16 +38,6 @@ MAX_STRAGGLERS = 5  # per step
 _DETAIL_CHARS = 300
 
 
-def _plain(value: Any) -> Any:
-    """A snapshot's value as plain data (the hot path may hold JSON fragments)."""
-    from tracer.snapshot import Json, json_value
-
-    if isinstance(value, Json):
-        return json_value(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
 
 def tool_name(span: Any) -> str:
     """A tool span's tool: the ``tool_name`` attribute, else its ``name`` argument, else the
@@ -55,7 +47,7 @@ def tool_name(span: Any) -> str:
     inputs = getattr(span, "inputs", None)
     if name is None and isinstance(inputs, dict):
         name = inputs.get("name", inputs.get("tool_name"))
-    return str(_plain(name) if name is not None else span.name)
+    return str(plain(name) if name is not None else span.name)
 
 
 def _part(span: Any) -> str:
@@ -69,7 +61,7 @@ def _part(span: Any) -> str:
 
 def span_detail(span: Any) -> str:
     """What a slow span did: a tool call's arguments (JSON), a generate call's token count."""
-    inputs = _plain(getattr(span, "inputs", None))
+    inputs = plain(getattr(span, "inputs", None))
     if span.kind == "tool":
         args = inputs.get("arguments", inputs) if isinstance(inputs, dict) else inputs
         text = json.dumps(args, ensure_ascii=False, default=str, sort_keys=True)
@@ -78,7 +70,7 @@ def span_detail(span: Any) -> str:
         attrs = getattr(span, "attributes", None) or {}
         n = attrs.get("response_tokens")
         if n is None:
-            out = _plain(getattr(span, "outputs", None))
+            out = plain(getattr(span, "outputs", None))
             ids = out.get("response_ids", out.get("token_ids")) if isinstance(out, dict) else None
             n = len(ids) if isinstance(ids, list) else None
         return f"{n} tokens" if n is not None else ""
