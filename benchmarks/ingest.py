@@ -33,37 +33,52 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tracer
 from benchmarks.common import count_traces, machine_info
 from benchmarks.ingest_procs import leftovers, run_writers, tree_cpu_s
 
 TARGETS = (68, 550, 1100)  # traces/s: 64 nodes; 512 nodes at 50 % and 100 % sampling
 
 
+# the ops of a benchmark trajectory, decorated once (benchmarks/ingest_profile.py uses them too)
+@tracer.trace_op(kind="generate")
+def generate(prompt_ids: list[int], turn: int) -> dict[str, Any]:
+    return {"response_ids": prompt_ids[:64], "finish_reason": "stop", "turn": turn}
+
+
+@tracer.trace_op(kind="parse")
+def parse(text: str) -> dict[str, Any]:
+    return {"content": text, "tool_calls": [{"name": "calculator"}]}
+
+
+@tracer.trace_op(kind="tool")
+def tool(name: str, arguments: dict[str, Any]) -> str:
+    return "84"
+
+
+@tracer.trace_op(kind="reward")
+def reward(answer: str) -> dict[str, float]:
+    return {"score": 1.0}
+
+
+def trace_one(i: int, ids: list[int]) -> None:
+    """One trajectory of 20 spans as a rollout makes it: the root, 6 x (generate, parse, tool),
+    a reward."""
+    with tracer.trace_attr(step=i // 64, sample_index=i % 64, rollout_n=0):
+        for turn in range(6):  # 1 root + 6 x 3 + 1 reward = 20 spans
+            generate(ids, turn)
+            parse("<tool_call>calculator</tool_call>")
+            tool("calculator", {"expression": f"12 * {turn}"})
+        reward("84")
+
+
 def writer(uri: str, project: str, n: int, worker: str, seconds: float) -> dict[str, Any]:
     """One writer process: ``n`` trajectories (or as many as ``seconds`` allow), then flush."""
     import os
 
-    import tracer
-
     tracer.init({"backend": "mlflow", "tracking_uri": uri, "project_name": project,
                  "worker_id": worker, "token2text": False, "export_timeout_s": 120,
                  "spool_dir": tempfile.mkdtemp(prefix="ingest-spool-")})  # fmt: skip
-
-    @tracer.trace_op(kind="generate")
-    def generate(prompt_ids: list[int], turn: int) -> dict[str, Any]:
-        return {"response_ids": prompt_ids[:64], "finish_reason": "stop", "turn": turn}
-
-    @tracer.trace_op(kind="parse")
-    def parse(text: str) -> dict[str, Any]:
-        return {"content": text, "tool_calls": [{"name": "calculator"}]}
-
-    @tracer.trace_op(kind="tool")
-    def tool(name: str, arguments: dict[str, Any]) -> str:
-        return "84"
-
-    @tracer.trace_op(kind="reward")
-    def reward(answer: str) -> dict[str, float]:
-        return {"score": 1.0}
 
     ids = list(range(300))
     print("ready", flush=True)  # every writer started (imports, export child): then all go
@@ -72,12 +87,7 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float) -> dict[
     t0 = time.time()
     i = 0
     while (i < n) if seconds <= 0 else (time.time() - t0 < seconds):
-        with tracer.trace_attr(step=i // 64, sample_index=i % 64, rollout_n=0):
-            for turn in range(6):  # 1 root + 6 x 3 + 1 reward = 20 spans
-                generate(ids, turn)
-                parse("<tool_call>calculator</tool_call>")
-                tool("calculator", {"expression": f"12 * {turn}"})
-            reward("84")
+        trace_one(i, ids)
         i += 1
     made = time.time()
     ok = tracer.flush(timeout_s=1800)
@@ -116,7 +126,7 @@ def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
            "dropped": sum(r["dropped"] for r in results),
            "writer_cpu_s_per_1k": round(sum(r["cpu_s"] for r in results) * k, 2),
            "down_lines": [r["stderr"].count("is down") for r in results],
-           "back_lines": [r["stderr"].count("is back") for r in results],
+           "back_lines": [r["stderr"].count(" is back;") for r in results],
            "stderr_first_writer": results[0]["stderr"][-3000:]}  # fmt: skip
     if pg_pid and not during:
         out["pg_cpu_s_per_1k"] = round((tree_cpu_s(pg_pid) - before["pg"]) * k, 2)

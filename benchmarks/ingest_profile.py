@@ -31,34 +31,14 @@ WAITS = tuple(
 
 def _records(n: int) -> list[Any]:
     import tracer
+    from benchmarks.ingest import trace_one
     from tracer.testing import InMemoryExporter
 
     tracer.init(backend="memory", token2text=False)
 
-    @tracer.trace_op(kind="generate")
-    def generate(prompt_ids: list[int], turn: int) -> dict[str, Any]:
-        return {"response_ids": prompt_ids[:64], "finish_reason": "stop", "turn": turn}
-
-    @tracer.trace_op(kind="parse")
-    def parse(text: str) -> dict[str, Any]:
-        return {"content": text, "tool_calls": [{"name": "calculator"}]}
-
-    @tracer.trace_op(kind="tool")
-    def tool(name: str, arguments: dict[str, Any]) -> str:
-        return "84"
-
-    @tracer.trace_op(kind="reward")
-    def reward(answer: str) -> dict[str, float]:
-        return {"score": 1.0}
-
     ids = list(range(300))
     for i in range(n):
-        with tracer.trace_attr(step=i // 64, sample_index=i % 64, rollout_n=0):
-            for turn in range(6):
-                generate(ids, turn)
-                parse("<tool_call>calculator</tool_call>")
-                tool("calculator", {"expression": f"12 * {turn}"})
-            reward("84")
+        trace_one(i, ids)
     assert tracer.flush(120)
     records = list(InMemoryExporter.latest().records)
     tracer.reset()
