@@ -51,3 +51,41 @@ def _zombie(pid: int) -> bool:
 
 def test_leftovers_names_only_this_runs_writers() -> None:
     assert os.getpid() not in leftovers()
+
+
+def test_a_writers_cpu_counts_a_child_started_by_another_thread() -> None:
+    """The export child is started by the tracer's launcher thread, so the kernel lists it
+    under that thread's task: the writers' CPU column must still count it (it read 0.4 CPU-s
+    per 1,000 traces instead of ~3-4 when only the main thread's children were counted)."""
+    import subprocess
+    import sys
+    import threading
+
+    from benchmarks.ingest_procs import tree_cpu_s
+
+    burn = "import time\nwhile time.process_time() < 0.5: pass\nprint(flush=True)\ntime.sleep(60)"
+    children: list[subprocess.Popen[str]] = []
+    done = threading.Event()
+
+    # like the launcher thread, it stays alive while its child runs (a thread that exits
+    # hands its children to the main thread, which the old count saw)
+    def start_and_stay() -> None:
+        children.append(subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE,
+                                         text=True))  # fmt: skip
+        done.wait(120)
+
+    starter = threading.Thread(target=start_and_stay)
+    starter.start()
+    while not children:
+        threading.Event().wait(0.01)
+    child = children[0]
+    try:
+        before = tree_cpu_s(os.getpid()) - tree_cpu_s(child.pid)
+        assert child.stdout is not None and child.stdout.readline() == "\n"  # it burned 0.5 s
+        assert tree_cpu_s(child.pid) >= 0.45  # /proc counts in clock ticks
+        assert tree_cpu_s(os.getpid()) - before >= 0.45
+    finally:
+        child.kill()
+        child.wait()
+        done.set()
+        starter.join()
