@@ -317,3 +317,38 @@ def test_two_offers_to_the_spool_never_write_one_batch_twice(
     assert worker.oldest_in_memory_ns() is None  # on disk
     files = spooled(tmp_path / "spool")
     assert [batch_size(f) for f in files] == [5], files
+
+
+@pytest.mark.slow(seconds=8)
+def test_replay_names_in_doubt_trajectories_a_sink_may_store_twice(
+    tmp_path: Path, store: dict[str, Any]
+) -> None:
+    """`rollout-tracer replay` of a batch left in doubt: stored (once, in an idempotent store),
+    and counted as possibly stored twice where the sink does not deduplicate (OTLP)."""
+    from tracer.replay import replay
+    from tracer.spool import is_in_doubt
+
+    SCRIPT.hang.set()
+    read = store.pop("_read")
+    tracer.init(config(tmp_path, store, shutdown_timeout_s=1))
+    trace(5)
+    assert SCRIPT.entered.wait(60)
+    pipeline = tracer.get_tracer().pipeline
+    name = pipeline.workers[0].name
+    tracer.reset()
+    [batch] = spooled(tmp_path / "spool")
+    assert is_in_doubt(batch)
+    # the address of the store and its headers are not kept in the spool: given again
+    where = {k: v for k, v in store.items() if k in ("tracking_uri", "otlp_endpoint",
+                                                     "otlp_headers")}  # fmt: skip
+    result = replay(str(tmp_path / "spool"), where)
+    assert result.ok, result.failed
+    assert result.replayed == {batch.parent.name: 5}
+    assert result.in_doubt == ({batch.parent.name: 5} if name == "scripted_otlp" else {})
+    SCRIPT.release.set()  # the old call ends and stores too
+    thread = pipeline.workers[0].thread
+    assert thread is not None
+    thread.join(30)
+    store["_read"] = read
+    wait_for(lambda: len(set(stored(store))) == 5, "5 traces stored")
+

@@ -22,7 +22,7 @@ from tracer.backends import create_exporter
 from tracer.backends.base import ExportResult, as_exporter
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
-from tracer.spool import BackendSpool, read_batch, spool_folders, strip_credentials
+from tracer.spool import BackendSpool, is_in_doubt, read_batch, spool_folders, strip_credentials
 
 log = logging.getLogger("tracer")
 
@@ -47,6 +47,9 @@ class ReplayResult:
     left: dict[str, int] = field(default_factory=dict)  # batch files still waiting
     # backend folder -> "<backend> -> <where>" (credentials stripped), for every folder seen
     destinations: dict[str, str] = field(default_factory=dict)
+    # backend folder -> trajectories of batches marked in doubt (an export call had them at a
+    # shutdown's deadline: maybe stored already) replayed to a sink that does not deduplicate
+    in_doubt: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -138,6 +141,7 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
                 if path is None:
                     continue  # taken by another replay or a live tracer
                 try:
+                    doubt = is_in_doubt(path)  # read before delete takes the mark along
                     records = read_batch(path)
                 except (OSError, ValueError) as exc:
                     result.failed[folder.name] = f"cannot read {path.name}: {exc}"
@@ -153,6 +157,9 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
                     break
                 spool.delete(path)
                 done += len(records)
+                if doubt and not getattr(exporter, "deduplicates", True):
+                    result.in_doubt[folder.name] = result.in_doubt.get(folder.name, 0) + len(
+                        records)  # fmt: skip
                 if progress is not None:
                     progress(len(records))
         finally:
