@@ -3,12 +3,25 @@ them, shell commands, links, and the anchors a forge makes of headings (GitHub's
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
+import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+
+
+def doc_tables() -> ModuleType:
+    """scripts/doc_tables.py (a script, not a package module), loaded once per process."""
+    spec = importlib.util.spec_from_file_location("doc_tables", ROOT / "scripts" / "doc_tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("doc_tables", module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pages() -> list[Path]:

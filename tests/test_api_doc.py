@@ -4,26 +4,15 @@ for a name that is gone, each with the signature the code has now (written betwe
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from types import ModuleType
 
 import pytest
 
 import tracer
-from tests._markdown import ROOT
+from tests._markdown import ROOT, doc_tables
 
 API = ROOT / "docs" / "api.md"
 
-
-def doc_tables() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("doc_tables", ROOT / "scripts" / "doc_tables.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("doc_tables", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def sections(text: str) -> list[str]:

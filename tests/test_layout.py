@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests._markdown import doc_tables
+
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_API = {"tracer", "tracer.verl_compat", "tracer.testing"}
 
@@ -174,22 +176,11 @@ OVER_400 = {
 LIMIT = 400
 
 
-def _doc_tables():  # type: ignore[no-untyped-def]
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("doc_tables", ROOT / "scripts" / "doc_tables.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("doc_tables", module)
-    spec.loader.exec_module(module)
-    return module
-
 
 def layout_table() -> dict[str, int]:
     import re
 
-    tables = _doc_tables()
+    tables = doc_tables()
     rows = re.findall(r"^\| `([^`]+)` \| (\d+) \|$", tables.block(tables.LAYOUT.read_text(),
                                                                  "modules"), re.M)  # fmt: skip
     return {path: int(lines) for path, lines in rows}
@@ -197,21 +188,21 @@ def layout_table() -> dict[str, int]:
 
 def test_the_layout_page_names_every_module_by_its_path() -> None:
     """A path, not a word: `steps` in prose does not name tracer/readers/explore/steps.py."""
-    table, code = layout_table(), _doc_tables().modules()
+    table, code = layout_table(), doc_tables().modules()
     fix = " (run `python scripts/doc_tables.py`)"
     assert sorted(set(code) - set(table)) == [], "modules missing from docs/layout.md" + fix
     assert sorted(set(table) - set(code)) == [], "docs/layout.md names modules that are gone" + fix
 
 
 def test_the_layout_pages_line_counts_are_close() -> None:
-    table, code = layout_table(), _doc_tables().modules()
+    table, code = layout_table(), doc_tables().modules()
     off = {path: (table[path], lines) for path, lines in code.items()
            if path in table and abs(table[path] - lines) > max(40, lines // 5)}  # fmt: skip
     assert off == {}, "docs/layout.md's (page, code) line counts; run python scripts/doc_tables.py"
 
 
 def test_rooms_under_400_lines_or_in_the_allowlist() -> None:
-    code = _doc_tables().modules()
+    code = doc_tables().modules()
     over = sorted(path for path, lines in code.items() if lines > LIMIT and path not in OVER_400)
     assert over == [], f"over {LIMIT} lines: split them along a seam (or say why in OVER_400)"
     stale = sorted(p for p in OVER_400 if code.get(p, 0) <= LIMIT)
@@ -220,7 +211,7 @@ def test_rooms_under_400_lines_or_in_the_allowlist() -> None:
 
 
 def test_the_layout_checks_can_fail(tmp_path: Path) -> None:
-    tables = _doc_tables()
+    tables = doc_tables()
     page = "x\n<!-- begin modules -->\n| `tracer/a.py` | 10 |\n<!-- end modules -->\n"
     assert tables.block(page, "modules") == "| `tracer/a.py` | 10 |\n"
     rewritten = tables.rewrite(page, "modules", "| `tracer/b.py` | 20 |")

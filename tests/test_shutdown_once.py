@@ -200,14 +200,9 @@ def test_a_slowly_failing_backend_gets_no_call_after_the_deadline_and_each_traje
     assert len(set(stored(store))) == len(stored(store)) == 6
 
 
-@pytest.mark.slow(seconds=8)
-def test_a_call_in_flight_at_the_deadline_leaves_its_batch_in_doubt(
-    tmp_path: Path, store: dict[str, Any], caplog: pytest.LogCaptureFixture
-) -> None:
-    """A call still running when shutdown's time is up may store its batch or not: the batch
-    stays in the spool marked in doubt, the line says so (and, for a sink that does not
-    deduplicate, that a replay may store it twice). Replayed by the next init while the old
-    call still hangs, then that call stores too: an idempotent store holds each once."""
+def shut_down_with_a_call_in_flight(tmp_path: Path, store: dict[str, Any]) -> tuple[Any, str, Any]:
+    """Five trajectories in one export call that hangs past a 1 s shutdown: their batch is in
+    doubt. Returns the old pipeline, its worker's name and how to read the store back."""
     SCRIPT.hang.set()
     read = store.pop("_read")
     tracer.init(config(tmp_path, store, shutdown_timeout_s=1))
@@ -216,6 +211,28 @@ def test_a_call_in_flight_at_the_deadline_leaves_its_batch_in_doubt(
     pipeline = tracer.get_tracer().pipeline
     name = pipeline.workers[0].name
     tracer.reset()
+    return pipeline, name, read
+
+
+def end_the_held_call(pipeline: Any, store: dict[str, Any], read: Any) -> None:
+    """The old call ends now, and stores too; its thread is gone after."""
+    SCRIPT.release.set()
+    thread = pipeline.workers[0].thread
+    assert thread is not None
+    thread.join(30)
+    assert not thread.is_alive()
+    store["_read"] = read
+
+
+@pytest.mark.slow(seconds=8)
+def test_a_call_in_flight_at_the_deadline_leaves_its_batch_in_doubt(
+    tmp_path: Path, store: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call still running when shutdown's time is up may store its batch or not: the batch
+    stays in the spool marked in doubt, the line says so (and, for a sink that does not
+    deduplicate, that a replay may store it twice). Replayed by the next init while the old
+    call still hangs, then that call stores too: an idempotent store holds each once."""
+    pipeline, name, read = shut_down_with_a_call_in_flight(tmp_path, store)
     m = pipeline.metrics()
     assert m[f"tracer/{name}/in_doubt"] == 5 and m[f"tracer/{name}/pending"] == 5, m
     [line] = [r.getMessage() for r in caplog.records if "in doubt" in r.getMessage()]
@@ -229,12 +246,7 @@ def test_a_call_in_flight_at_the_deadline_leaves_its_batch_in_doubt(
     replayed = tracer.metrics()
     assert replayed[f"tracer/{name}/orphans_replayed"] == 5
     assert replayed[f"tracer/{name}/in_doubt_replayed"] == (5 if name == "scripted_otlp" else 0)
-    SCRIPT.release.set()  # the old call ends now, and stores too
-    thread = pipeline.workers[0].thread
-    assert thread is not None
-    thread.join(30)
-    assert not thread.is_alive()
-    store["_read"] = read
+    end_the_held_call(pipeline, store, read)
     wait_for(lambda: len(stored(store)) == 6, "6 traces stored")
     assert len(set(stored(store))) == 6
     m = pipeline.metrics()  # the old call's end settled its batch: stored, not lost
@@ -328,14 +340,7 @@ def test_replay_names_in_doubt_trajectories_a_sink_may_store_twice(
     from tracer.replay import replay
     from tracer.spool import is_in_doubt
 
-    SCRIPT.hang.set()
-    read = store.pop("_read")
-    tracer.init(config(tmp_path, store, shutdown_timeout_s=1))
-    trace(5)
-    assert SCRIPT.entered.wait(60)
-    pipeline = tracer.get_tracer().pipeline
-    name = pipeline.workers[0].name
-    tracer.reset()
+    pipeline, name, read = shut_down_with_a_call_in_flight(tmp_path, store)
     [batch] = spooled(tmp_path / "spool")
     assert is_in_doubt(batch)
     # the address of the store and its headers are not kept in the spool: given again
@@ -345,10 +350,5 @@ def test_replay_names_in_doubt_trajectories_a_sink_may_store_twice(
     assert result.ok, result.failed
     assert result.replayed == {batch.parent.name: 5}
     assert result.in_doubt == ({batch.parent.name: 5} if name == "scripted_otlp" else {})
-    SCRIPT.release.set()  # the old call ends and stores too
-    thread = pipeline.workers[0].thread
-    assert thread is not None
-    thread.join(30)
-    store["_read"] = read
+    end_the_held_call(pipeline, store, read)
     wait_for(lambda: len(set(stored(store))) == 5, "5 traces stored")
-
