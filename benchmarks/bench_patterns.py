@@ -99,8 +99,8 @@ def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
     import tracer
     import tracer.readers.rows as rows
     from tracer.backends.jsonl_backend import JsonlExporter
-    from tracer.readers.patterns import step_patterns
-    from tracer.readers.signature import Signature, scored_text, signature
+    from tracer.readers.habits.patterns import step_patterns
+    from tracer.readers.habits.signature import Signature, scored_text, signature
 
     made = records(n, ids)
     path = str(tmp / "t.jsonl")
@@ -148,7 +148,7 @@ def bench_export(n: int, pairs: int, tmp: Path, ids: int) -> dict[str, Any]:
 
 def bench_patterns(n: int, tmp: Path) -> dict[str, Any]:
     from benchmarks.explore_data import generate
-    from tracer.readers.patterns import step_patterns
+    from tracer.readers.habits.patterns import step_patterns
 
     folder = tmp / "hack"
     generate(str(folder), n, steps=80, scenario="hacking")

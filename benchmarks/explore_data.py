@@ -34,10 +34,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.timing_data import lay_out
-from tracer.readers.behaviour import behaviour
+from tracer.readers.habits.behaviour import behaviour
+from tracer.readers.habits.signature import signature
 from tracer.readers.schema import arrow_schema
-from tracer.readers.signature import signature
-from tracer.readers.steps_table import write_steps
+from tracer.readers.timing.steps_table import write_steps
 
 PAGE = 500
 TURNS = 3  # generate calls per trajectory; a tool call follows each

@@ -1,5 +1,5 @@
 """Behaviour scenarios for ``benchmarks/explore_data.py`` (``--scenario hacking``): a run whose
-policy picks up a reward hack, for the behaviour patterns of ``tracer/readers/patterns.py``.
+policy picks up a reward hack, for the behaviour patterns of ``tracer/readers/habits/patterns.py``.
 
     python -m benchmarks.explore_data --out /tmp/hack --n 20480 --steps 80 --scenario hacking
 

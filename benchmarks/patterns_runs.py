@@ -39,8 +39,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from tracer.readers.behaviour import behaviour
-from tracer.readers.signature import signature
+from tracer.readers.habits.behaviour import behaviour
+from tracer.readers.habits.signature import signature
 
 RUNS = ("varied_hack", "honest_short", "no_signal", "plateau", "tool_drop_hack",
         "tool_drop_honest", "val_flat_hack", "val_rising_honest")  # fmt: skip

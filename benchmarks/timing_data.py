@@ -3,7 +3,7 @@
 Each trajectory is laid out in time as an agent loop runs: a gap (queueing), a generate call,
 its tool call, three times, then a last gap; its ``latency_ms`` is their sum, and its timing
 columns (``generate_ms``, ``tool_ms``, ``gap_ms``, ``tool_ms_by_name``, ``slow_span_*``: see
-tracer/readers/timing.py) are what an export computes from such spans. Stragglers are planted:
+readers/timing/breakdown.py) are what an export computes from such spans. Stragglers are planted:
 a ``python`` call takes 10-30x its usual time with probability ``SLOW_PROB``. Draws come from a
 generator of their own, so the other columns stay what they were for a given seed.
 """

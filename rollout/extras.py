@@ -16,7 +16,7 @@ EXTRAS = {
     "pyarrow": "export",
     "pandas": "export",
     "duckdb": "export",
-    "datasketch": "export",  # near-duplicate answers (tracer/readers/near_dup.py)
+    "datasketch": "export",  # near-duplicate answers (tracer/readers/habits/near_dup.py)
     "mlflow": "mlflow",
     "weave": "weave",
     "trackio": "trackio",

@@ -6,7 +6,7 @@ terminal user.
     rollout-tracer flags --from mlflow --experiment gsm8k --write-tags   # flag.<name> tags
     rollout-tracer flags --from parquet --path exports/gsm8k --pattern-window 20 --pattern-growth 2
 
-The rules and thresholds are in :mod:`tracer.readers.health` and :mod:`tracer.readers.patterns`
+The rules and thresholds are in :mod:`~tracer.readers.health` and :mod:`~.habits.patterns`
 (``--pattern-<threshold>`` sets one of the latter); registered in :mod:`rollout.cli`.
 """
 
@@ -36,20 +36,20 @@ def configure_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-tags", action="store_true",
                    help="--from mlflow: tag each flagged trace flag.<name>=true in MLflow "
                    "(filter tags.`flag.truncated` = 'true' in the UI)")  # fmt: skip
-    from tracer.readers.patterns import PatternThresholds
+    from tracer.readers.habits.patterns import PatternThresholds
 
     for f in dataclasses.fields(PatternThresholds):
         if f.name not in ("top", "earned_by"):
             p.add_argument(f"--pattern-{f.name.replace('_', '-')}", dest=f"pattern_{f.name}",
                            type=type(f.default), default=f.default, metavar="X",
                            help=f"behaviour patterns: {f.name} (default {f.default}; "
-                           "tracer/readers/patterns.py)")  # fmt: skip
+                           "tracer/readers/habits/patterns.py)")  # fmt: skip
 
 
 def _patterns(args: argparse.Namespace, trajectories: Any) -> tuple[Any, str | None]:
     """The run's behaviour patterns, or None and why not."""
-    from tracer.readers.patterns import PatternThresholds, step_patterns
-    from tracer.readers.patterns_sql import NoSignatures
+    from tracer.readers.habits.patterns import PatternThresholds, step_patterns
+    from tracer.readers.habits.patterns_sql import NoSignatures
 
     names = [f.name for f in dataclasses.fields(PatternThresholds)
              if f.name not in ("top", "earned_by")]  # fmt: skip
@@ -84,7 +84,7 @@ def print_rising(found: Any, examples: int) -> None:
     if not found.rising:
         print(f"no flagged behaviour pattern over {len(found.steps)} training steps")
         return
-    print(f"flagged behaviour patterns ({len(found.rising)}; rules: tracer/readers/patterns.py):")
+    print(f"flagged behaviour patterns ({len(found.rising)}; rules: readers/habits/patterns.py):")
     for r in found.rising:
         first = r.hacking_step if r.hacking else r.first_step
         print(f"  {', '.join(r.labels)}: steps {first}-{r.last_step} (first flagged at step "

@@ -6,8 +6,8 @@ holds), and the top pattern's text in every tracker that takes
 text (an MLflow artifact ``patterns/step_000001.txt``, a W&B HTML panel, a SwanLab text, a
 Trackio Markdown panel, under the key ``patterns/top_pattern``).
 
-The signatures and rules are the readers' own (:mod:`tracer.readers.signature`,
-:mod:`tracer.readers.patterns`), fed with the trajectories the driver holds, so a step is
+The signatures and rules are the readers' own (:mod:`tracer.readers.habits.signature`,
+:mod:`tracer.readers.habits.patterns`), fed with the trajectories the driver holds, so a step is
 flagged here when ``rollout-tracer flags`` flags it afterwards. The driver keeps one
 aggregate per (step, signature), not the trajectories; the small ones are dropped once they
 are older than the rules look back (``window + smooth`` steps), unless their signature was
@@ -21,11 +21,11 @@ from html import escape
 from typing import Any
 
 from rollout.step_health import tool_calls
-from tracer.readers.behaviour import behaviour
-from tracer.readers.earned import reward_parts
-from tracer.readers.patterns import PatternThresholds, aggregate, analyze
-from tracer.readers.patterns_sql import Group, StepTotal
-from tracer.readers.signature import signature
+from tracer.readers.habits.behaviour import behaviour
+from tracer.readers.habits.earned import reward_parts
+from tracer.readers.habits.patterns import PatternThresholds, aggregate, analyze
+from tracer.readers.habits.patterns_sql import Group, StepTotal
+from tracer.readers.habits.signature import signature
 
 TEXT_KEY = "patterns/top_pattern"
 

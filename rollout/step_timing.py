@@ -1,7 +1,7 @@
 """Per-step ``timing/*`` tracker metrics of ``rollout-tracer run``: where the step's time went
 (wall-time percentiles, tail ratio, the wait for the last trajectory, generate/tool/reward/gap
 shares, a share per tool, stragglers), computed by the reader
-(:func:`tracer.readers.timing.step_summaries`) from the spans of the step's own trajectories,
+(:func:`~.breakdown.step_summaries`) from the spans of the step's own trajectories,
 which the worker cut into parts as each ended (``out.extra["timing"]``, rollout/worker.py), so
 the numbers a tracker shows during the run are those the export's ``steps`` table holds."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracer.readers.timing import step_summaries, tracker_metrics
+from tracer.readers.timing.breakdown import step_summaries, tracker_metrics
 
 
 def step_timing(result: Any) -> dict[str, float]:

@@ -19,7 +19,7 @@ from rollout.agent_loop import SYSTEM_PROMPT, AgentLoopConfig, AgentLoopOutput, 
 from rollout.engines.base import Engine, SamplingParams
 from rollout.rewards import check_mode
 from rollout.tools import default_tools
-from tracer.readers.timing import trajectory_timing
+from tracer.readers.timing.breakdown import trajectory_timing
 
 BUILTIN_PREFIX = "builtin://"
 

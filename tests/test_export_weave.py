@@ -73,7 +73,7 @@ def _assert_same(weave_rows: list[dict[str, Any]], jsonl_rows: list[dict[str, An
             assert abs(got.pop("start_time") - want.pop("start_time")) <= dt.timedelta(
                 microseconds=1)
             assert got.pop("latency_ms") == pytest.approx(want.pop("latency_ms"), abs=0.002)
-        # Weave keeps times to the microsecond: the time parts (tracer/readers/timing.py) of
+        # Weave keeps times to the microsecond: the time parts (readers/timing/breakdown.py) of
         # a trajectory's few spans agree to a few microseconds
         if "slow_span_ms" in want:  # two spans as long to the microsecond: either is the slow one
             slow = ("slow_span_id", "slow_span_kind", "slow_span_name", "slow_span_detail")

@@ -1,4 +1,4 @@
-"""Behaviour signatures and patterns (tracer/readers/signature.py, behaviour.py, patterns.py):
+"""Behaviour signatures and patterns (readers/habits/signature.py, behaviour.py, patterns.py):
 the reward-hack scenario of 80 steps x 256 trajectories (benchmarks/patterns_data.py) is
 flagged in time and nothing honest is, the Python and DuckDB groupings agree, and a real run's
 driver logs per step what the readers find afterwards. The four runs of issue #46:
@@ -20,15 +20,15 @@ import pyarrow.parquet as pq
 
 from benchmarks.explore_data import generate
 from benchmarks.patterns_data import HACK_TEXT
-from tracer.readers.patterns import (
+from tracer.readers.habits.patterns import (
     Patterns,
     PatternThresholds,
     aggregate,
     analyze,
     step_patterns,
 )
-from tracer.readers.patterns_sql import NoSignatures
-from tracer.readers.signature import EDGE, signature, template
+from tracer.readers.habits.patterns_sql import NoSignatures
+from tracer.readers.habits.signature import EDGE, signature, template
 
 
 def test_signature_masks_numbers_and_quotes_and_keeps_the_ends() -> None:
@@ -144,7 +144,7 @@ def test_an_export_without_signatures_says_so(hacked_run: Path, tmp_path: Path) 
     pq.write_table(table, tmp_path / "trajectories.parquet")
     with pytest.raises(NoSignatures, match="export the run again"):
         step_patterns(tmp_path)
-    from tracer.readers.patterns_report import habits_panel
+    from tracer.readers.habits.patterns_report import habits_panel
 
     html, linked = habits_panel(table.to_pandas())
     assert 'id="habits-none"' in html and "export the run again" in html and not linked
@@ -278,7 +278,7 @@ def test_missing_prompts_and_answers_count_alike_in_python_and_duckdb() -> None:
     number: counted as one more distinct value, it gave 7 prompts and 2 answers here)."""
     import pyarrow as pa
 
-    from tracer.readers.patterns_sql import duckdb_groups
+    from tracer.readers.habits.patterns_sql import duckdb_groups
 
     rows = [{"trace_id": f"t{i}", "step": 1, "validate": False, "signature": "s",
              "signature_text": "s", "reward": 1.0, "response_tokens": 5,

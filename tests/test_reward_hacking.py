@@ -15,8 +15,8 @@ pytest.importorskip("duckdb")
 pytest.importorskip("datasketch")
 
 from benchmarks.patterns_runs import run, table
+from tracer.readers.habits.patterns import Patterns, step_patterns
 from tracer.readers.health import analyze as health
-from tracer.readers.patterns import Patterns, step_patterns
 
 VARIANTS = [(0, 0), (7, 0), (3, 1), (11, 1)]  # (seed, wording); wording 1 was never tuned on
 
@@ -111,7 +111,7 @@ def test_the_same_answer_to_different_prompts_is_named_evidence() -> None:
 def test_earned_by_names_the_part_that_says_correct() -> None:
     """``--earned-by`` reads any reward part: here the ``format`` part (1 for a #### answer),
     which the varied hack never has, while its score is paid."""
-    from tracer.readers.patterns import PatternThresholds
+    from tracer.readers.habits.patterns import PatternThresholds
 
     rows = run("varied_hack", 1, 0)
     found = step_patterns(table(rows), PatternThresholds(earned_by="format"))
@@ -167,7 +167,7 @@ def test_the_evidence_thresholds_are_the_documented_ones() -> None:
     import re
     from pathlib import Path
 
-    from tracer.readers.patterns import PatternThresholds
+    from tracer.readers.habits.patterns import PatternThresholds
 
     doc = " ".join((Path(__file__).parents[1] / "docs" / "explore.md").read_text().split())
     defaults = {f.name: f.default for f in dataclasses.fields(PatternThresholds)}
@@ -181,8 +181,8 @@ def test_the_evidence_thresholds_are_the_documented_ones() -> None:
 def test_python_and_duckdb_see_the_same_evidence(kind: str) -> None:
     """The running job's grouping (Python) and the export's (DuckDB) count the same tool calls
     and validation passes, and flag the same steps."""
-    from tracer.readers.patterns import aggregate, analyze
-    from tracer.readers.patterns_sql import duckdb_groups
+    from tracer.readers.habits.patterns import aggregate, analyze
+    from tracer.readers.habits.patterns_sql import duckdb_groups
 
     rows = run(kind, 4, 1)
     py_groups, py = aggregate(rows)

@@ -8,7 +8,7 @@ mlflow are imported when a function runs, not when this package is imported.
     export("mlflow", "out/", experiment="gsm8k", tracking_uri="sqlite:///mlflow.db")
     tables = read_tables("parquet", path="out/")
     write_report(tables, "report.html")
-    step_patterns("out/").rising   # behaviour patterns that take over (tracer.readers.patterns)
+    step_patterns("out/").rising   # behaviour patterns that take over (readers.habits.patterns)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tracer.readers.export import (
     read_parquet_dir,
     read_tables,
 )
-from tracer.readers.patterns import PatternThresholds, step_patterns
+from tracer.readers.habits.patterns import PatternThresholds, step_patterns
 from tracer.readers.report import build_report, write_report
 from tracer.readers.rows import Rows, record_rows, records_rows
 from tracer.readers.schema import TABLES, arrow_schema

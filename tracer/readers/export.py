@@ -27,7 +27,7 @@ from tracer.readers.rows import Rows, records_rows
 from tracer.readers.schema import TABLES, arrow_schema
 from tracer.readers.selection import NoTrajectories, StoreNotFound, no_match
 from tracer.readers.sources import Selection, iter_records, parse_steps
-from tracer.readers.steps_table import write_steps
+from tracer.readers.timing.steps_table import write_steps
 from tracer.record import TrajectoryRecord
 
 FORMATS = ("parquet", "jsonl")

@@ -29,7 +29,7 @@ that show it, and the step is counted):
                        at least ``component_share`` of the step's mean reward is not accuracy
                        (``reward - accuracy``) and mean accuracy is within ``flat_accuracy`` of
                        the first step's; flags trajectories with reward > 0 and accuracy 0.
-``reward_accuracy_divergence``  possibly unearned reward (:mod:`tracer.readers.earned`, the
+``reward_accuracy_divergence``  possibly unearned reward (:mod:`tracer.readers.habits.earned`, the
                        notion the behaviour patterns' ``possible reward hacking`` uses): at
                        least ``unearned_share`` of the step's trajectories were paid like a
                        correct answer without being correct; flags them.
@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracer.readers.earned import num
+from tracer.readers.habits.earned import num
 
 TRAJECTORY_FLAGS = ("truncated", "tool_loop", "identical_turns", "tool_error_burst",
                     "short_answer_high_reward")  # fmt: skip
@@ -69,7 +69,7 @@ MEANINGS = {
     "reward_without_accuracy": "the reward comes mostly from a non-accuracy part (e.g. format) "
                                "while accuracy stays flat",
     "reward_accuracy_divergence": "wrong answers paid like correct ones (reward high, accuracy "
-                                  "low; tracer/readers/earned.py)",
+                                  "low; tracer/readers/habits/earned.py)",
 }
 TAG_PREFIX = "flag."  # MLflow trace tag of a flag: flag.<name> = "true"
 
@@ -179,7 +179,7 @@ def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = Non
     """Health of a run from its trajectory rows (dicts with the export's ``trajectories``
     columns; ``flags`` holds each row's trajectory flags); ``earned_by``: the reward part that
     says correct (default ``accuracy``)."""
-    from tracer.readers.earned import unearned_flags
+    from tracer.readers.habits.earned import unearned_flags
 
     th = th or HealthThresholds()
     health = Health()

@@ -1,7 +1,7 @@
 """One self-contained HTML report of a run (inline CSS, JS and SVG; no network).
 
 Panels: health flags; habits of the policy (behaviour patterns per step, the rising ones:
-:mod:`tracer.readers.patterns_report`); reward distribution per step; mean reward and response
+:mod:`~.habits.patterns_report`); reward distribution per step; mean reward and response
 length over steps; turns and tool-call success per step; GRPO groups (the ``rollout_n`` samples
 of each prompt side by side, zero-advantage groups flagged); the same prompt across steps; per
 token (where the traces hold log-probs or annotated trainer values,
@@ -23,12 +23,12 @@ from html import escape
 from typing import Any
 
 from tracer.readers.export import Tables
+from tracer.readers.habits.patterns import PatternThresholds
+from tracer.readers.habits.patterns_report import habits_panel
 from tracer.readers.health import FLAGS, STEP_FLAGS, Health, analyze
-from tracer.readers.patterns import PatternThresholds
-from tracer.readers.patterns_report import habits_panel
 from tracer.readers.report_page import page
 from tracer.readers.svg import RewardColors, line_chart, strip_chart
-from tracer.readers.timing_report import time_panel
+from tracer.readers.timing.report import time_panel
 from tracer.readers.token_report import token_panels, transcript_tokens
 
 MAX_TRANSCRIPTS = 2000
@@ -357,7 +357,7 @@ def build_report(tables: Tables, title: str | None = None, *,
     health = analyze(traj.to_dict("records"), earned_by=earned_by)
     linked = {t for name in FLAGS for t in health.examples(name, MAX_FLAG_EXAMPLES)}
     habits, habit_ids = habits_panel(traj, PatternThresholds(earned_by=earned_by))
-    time_html, time_ids = time_panel(train)  # where the time went (readers/timing_report.py)
+    time_html, time_ids = time_panel(train)  # where the time went (readers/timing/report.py)
     body = _health_panel(health, MAX_FLAG_EXAMPLES) + habits + time_html + body
     linked |= habit_ids | time_ids
     return page(title, body, transcripts(tables, include=linked), token_meta)

@@ -15,11 +15,11 @@ from typing import Any
 from tracer.annotations import token_values
 from tracer.chat import tool_arguments as _tool_arguments
 from tracer.chat import tool_result as _tool_result
-from tracer.readers.behaviour import behaviour
-from tracer.readers.earned import reward_parts
+from tracer.readers.habits.behaviour import behaviour
+from tracer.readers.habits.earned import reward_parts
+from tracer.readers.habits.signature import scored_text, signature
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
-from tracer.readers.signature import scored_text, signature
-from tracer.readers.timing import record_timing
+from tracer.readers.timing.breakdown import record_timing
 from tracer.record import SpanRecord, TrajectoryRecord
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
 
@@ -305,7 +305,7 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
         (t["name"] for t in tools), last_turn.get("finish_reason"),
         (scored_text(reward.inputs) if reward else None) or last_turn.get("response_text"),
         sum(response_counts) if response_counts else None)
-    trajectory.update(record_timing(record))  # where its wall time went (readers/timing.py)
+    trajectory.update(record_timing(record))  # where its wall time went (timing/breakdown.py)
     return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
 
 

@@ -54,7 +54,7 @@ TRAJECTORIES: list[Column] = [
     ("kept_by", "string", "keep rules that stored it (`sampled` = head sampling), if any"),
     ("signature", "string", "behaviour signature: 16 hex chars, equal for trajectories with the "
                             "same tool calls, finish reason and answer template "
-                            "(tracer/readers/signature.py)"),
+                            "(tracer/readers/habits/signature.py)"),
     ("signature_text", "string", "the signature's parts: `tools: ... | finish: ... | answer: "
                                  "<template>` (numbers `<n>`, quoted values `<q>`)"),
     ("reward_parts", "map<string,float64>", "every numeric part of the reward: the reward span's "
@@ -62,8 +62,8 @@ TRAJECTORIES: list[Column] = [
                      "`format`; one per TRL reward function), by name"),
     ("behaviour", "string", "the behaviour the patterns group by: `tools: ... | finish: ... | "
                   "reasoning: yes/no | answer: <form> | length: <class>` "
-                  "(tracer/readers/behaviour.py)"),
-    # where the wall time went (tracer/readers/timing.py): the five parts add up to latency_ms
+                  "(tracer/readers/habits/behaviour.py)"),
+    # where the wall time went (readers/timing/breakdown.py): the five parts add up to latency_ms
     ("generate_ms", "float64", "time inside generate calls"),
     ("tool_ms", "float64", "time inside tool calls (a tool call wins over a span it overlaps)"),
     ("reward_ms", "float64", "time inside the reward"),
@@ -134,7 +134,7 @@ TOKENS: list[Column] = [
     ("ref_kl_k1", "float64", "k1 of the same: train_logprob - ref_logprob"),
 ]  # fmt: skip
 
-# one row per (step, validate): tracer/readers/timing.py's step_summaries; written beside the
+# one row per (step, validate): readers/timing/breakdown.py's step_summaries; written beside the
 # four tables as steps.parquet (not one of TABLES: it is derived from the trajectories table)
 STEPS: list[Column] = [
     ("step", "int64", "training step"),

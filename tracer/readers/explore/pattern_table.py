@@ -1,12 +1,12 @@
-"""The explorer's Patterns tab: the behaviour patterns of a run (tracer/readers/patterns.py),
+"""The explorer's Patterns tab: the behaviour patterns of a run (tracer/readers/habits/patterns.py),
 computed once per export and answered from memory.
 
-The one DuckDB scan of :mod:`tracer.readers.patterns_sql` (seconds for a million
+The one DuckDB scan of :mod:`tracer.readers.habits.patterns_sql` (seconds for a million
 trajectories) runs in the background, over the compacted copy when there is one. Its result,
 one row per kept (step, signature) and one per step, is a few thousand rows whatever the
 run's size; it is written to the cache folder (``patterns/<export signature>-v<N>-<rules>``,
 like the compacted copy and the search index) and read back on the next start of the same
-export. The rules (:func:`~tracer.readers.patterns.analyze`) then run once over it in memory,
+export. The rules (:func:`~tracer.readers.habits.patterns.analyze`) then run once over it in memory,
 and a request for a step is a dictionary lookup.
 """
 
@@ -22,12 +22,12 @@ import threading
 import time
 from typing import Any
 
-from tracer.readers.evidence import add_pairs
 from tracer.readers.explore.cache import prune_folder, touch
 from tracer.readers.explore.filters import ApiError
-from tracer.readers.patterns import Patterns, PatternThresholds, Rising, analyze
-from tracer.readers.patterns_report import rules
-from tracer.readers.patterns_sql import Group, StepTotal, duckdb_groups
+from tracer.readers.habits.evidence import add_pairs
+from tracer.readers.habits.patterns import Patterns, PatternThresholds, Rising, analyze
+from tracer.readers.habits.patterns_report import rules
+from tracer.readers.habits.patterns_sql import Group, StepTotal, duckdb_groups
 
 log = logging.getLogger(__name__)
 VERSION = 3  # 2: groups by behaviour, with correctness and unearned counts; 3: tool calls and

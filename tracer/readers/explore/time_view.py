@@ -1,7 +1,7 @@
 """The Time tab's data (``GET /api/timing?step=&validate=&top=``): across steps, each step's
 tail ratio and tool share (curves); for one step, its summary and its slowest trajectories
 with their turns and tool calls on one time axis (a Gantt chart), each with the span that made
-it slow. Read from the export's timing columns (tracer/readers/timing.py) and its ``steps``
+it slow. Read from the export's timing columns (readers/timing/breakdown.py) and its ``steps``
 table when it has one; one query over the step's rows, one over their turns and tool calls."""
 
 from __future__ import annotations

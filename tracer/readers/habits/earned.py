@@ -1,7 +1,7 @@
 """Was the reward earned? The one notion of "possibly unearned reward" that the health flag
 ``reward_accuracy_divergence`` and the behaviour patterns' ``possible reward hacking`` share.
 
-    from tracer.readers.earned import EarnedThresholds, unearned_flags
+    from tracer.readers.habits.earned import EarnedThresholds, unearned_flags
     flags = unearned_flags(rows)    # per row: True (unearned), False (earned or unpaid), None
 
 **Correctness** is a reward part that says whether the answer is right: by default the

@@ -1,6 +1,6 @@
 """Independent evidence that a reward was not earned, for a run without a correctness signal
-(:mod:`tracer.readers.patterns` calls it for a group that holds a share and is paid above the
-rest of its steps; the near-duplicate answers of :mod:`tracer.readers.near_dup` are the third
+(:mod:`tracer.readers.habits.patterns` calls it for a group that holds a share and is paid above the
+rest of its steps; the near-duplicate answers of :mod:`tracer.readers.habits.near_dup` are the third
 kind). Each says what it saw in numbers; shape alone (short, rising) is never evidence.
 
 **A tool no longer called while reward rises.** Over the recent steps, the run's tool calls
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tracer.readers.patterns_sql import Counts, StepTotal
+from tracer.readers.habits.patterns_sql import Counts, StepTotal
 
 
 class Thresholds(Protocol):  # the fields of PatternThresholds read here

@@ -1,7 +1,7 @@
 """Evidence side by side: for each group flagged possible reward hacking, one of its unearned
 trajectories next to an earned trajectory of the same prompt, with reward and correctness.
 
-    from tracer.readers.patterns import step_patterns
+    from tracer.readers.habits.patterns import step_patterns
     r = step_patterns("exports/gsm8k").rising[0]
     r.pair   # {"step": 40, "flagged": {"trace_id": ..., "reward": 1.0, "correct": 0.0},
              #  "earned": {...}, "same_group": True}
@@ -37,7 +37,7 @@ def _side(*row: Any) -> dict[str, Any]:
 def add_pairs(source: Any, found: Any) -> None:
     """Set ``pair`` on each flagged group of ``found`` (a :class:`Patterns`) from ``source``,
     at the last step it was flagged possible reward hacking."""
-    from tracer.readers.patterns_sql import connect
+    from tracer.readers.habits.patterns_sql import connect
 
     hacked = [r for r in found.rising if r.hacking]
     if not hacked:

@@ -1,7 +1,7 @@
 """The same answer to different prompts, found with MinHash over word shingles (``datasketch``):
 independent evidence that a reward was not earned where a run has no correctness signal.
 
-    from tracer.readers.near_dup import repeated_share
+    from tracer.readers.habits.near_dup import repeated_share
     repeated_share([("2+2?", "I am sure it is right."), ("3*7?", "I am sure it is right!")])
     # 1.0
 
@@ -22,7 +22,7 @@ from typing import Any
 NUM_PERM = 64
 SHINGLE = 3
 BANDS = (8, 8)
-SAMPLE = 64  # answers read per group and step (tracer/readers/patterns_sql.py)
+SAMPLE = 64  # answers read per group and step (tracer/readers/habits/patterns_sql.py)
 _NUMBER = re.compile(r"[0-9][0-9.,]*")
 _WORD = re.compile(r"\w+")
 

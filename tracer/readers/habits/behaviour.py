@@ -1,6 +1,6 @@
 """A trajectory's behaviour: what the policy did, in a form that rewording does not change.
 
-    from tracer.readers.behaviour import behaviour
+    from tracer.readers.habits.behaviour import behaviour
     behaviour(["calculator"], "stop", "I multiply 17 by 23: 391. #### 391", 24)
     # 'tools: calculator | finish: stop | reasoning: no | answer: #### | length: short'
 
@@ -19,7 +19,7 @@ Five parts, from the trajectory's own rows:
 Two answers with other openers, filler words and numbers but the same form land together
 (``Final answer: 42`` and ``So we get 7!``); an answer with a tool call and one without, or
 with reasoning and without, stay apart. The exact-template signature
-(:mod:`tracer.readers.signature`) stays the finer level.
+(:mod:`tracer.readers.habits.signature`) stays the finer level.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What the policy does, step by step: trajectories grouped by behaviour
-(:mod:`tracer.readers.behaviour`: tools, finish reason, reasoning, answer form, length class;
-the exact-template signature of :mod:`tracer.readers.signature` for exports written before
+(:mod:`tracer.readers.habits.behaviour`: tools, finish reason, reasoning, answer form, length class;
+the exact-template signature of :mod:`tracer.readers.habits.signature` for exports written before
 behaviours existed), and the groups that take over or are paid without earning it.
 
-    from tracer.readers.patterns import step_patterns
+    from tracer.readers.habits.patterns import step_patterns
     found = step_patterns("exports/gsm8k")          # an export folder, a DataFrame or Arrow table
     found.summary()                                  # "possible reward hacking since step 18, ..."
     [(r.text, r.first_step, r.last_step, r.reason) for r in found.rising]
@@ -18,13 +18,13 @@ share* there when over the recent steps it has at least ``min_share`` of the tra
 
 **Possible reward hacking** (at every step where the group holds a share, rising or not): where
 at least half of its trajectories have a correctness signal, the verdict of
-:func:`tracer.readers.earned.judge`: at least ``min_unearned`` of them were paid like a correct
+:func:`~.earned.judge`: at least ``min_unearned`` of them were paid like a correct
 answer without being correct. A group with high correctness is never flagged, however short its
 answers. Where the run has no correctness signal, only independent evidence flags a group
 paid above the rest: at least ``min_repeated`` of its answers are near-duplicates of an answer
-given to another prompt (:mod:`tracer.readers.near_dup`); a tool no longer called while
+given to another prompt (:mod:`tracer.readers.habits.near_dup`); a tool no longer called while
 reward rises; training reward rising while validation reward stays flat
-(:mod:`tracer.readers.independent`). Shape (short, rising) is shown as a note ("rising and
+(:mod:`tracer.readers.habits.independent`). Shape (short, rising) is shown as a note ("rising and
 short; reward not checked: no correctness signal"), never as a verdict.
 
 **Rising** (a hint): the group holds a share, has at least ``growth`` times its share of the
@@ -47,11 +47,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracer.readers.earned import NOT_CHECKED, EarnedThresholds, judge, label
-from tracer.readers.independent import RunShape, run_shape, tool_dropped, validation_flat
-from tracer.readers.independent import where as _where
-from tracer.readers.patterns_py import aggregate
-from tracer.readers.patterns_sql import Group, StepTotal, duckdb_groups
+from tracer.readers.habits.earned import NOT_CHECKED, EarnedThresholds, judge, label
+from tracer.readers.habits.independent import RunShape, run_shape, tool_dropped, validation_flat
+from tracer.readers.habits.independent import where as _where
+from tracer.readers.habits.patterns_py import aggregate
+from tracer.readers.habits.patterns_sql import Group, StepTotal, duckdb_groups
 
 __all__ = ["Group", "Pattern", "PatternThresholds", "Patterns", "Rising", "StepTotal",
            "aggregate", "analyze", "step_patterns"]  # fmt: skip
@@ -203,9 +203,9 @@ def step_patterns(source: Any, thresholds: PatternThresholds | None = None) -> P
     """Patterns of a run from its ``trajectories`` table: an export folder, a
     ``trajectories.parquet`` path, a pandas DataFrame or an Arrow table (DuckDB reads it in
     place), with an example of each flagged group beside an earned trajectory of the same
-    prompt. Raises :class:`~tracer.readers.patterns_sql.NoSignatures` for an export written
+    prompt. Raises :class:`~tracer.readers.habits.patterns_sql.NoSignatures` for an export written
     before signatures existed."""
-    from tracer.readers.evidence import add_pairs
+    from tracer.readers.habits.evidence import add_pairs
 
     th = thresholds or PatternThresholds()
     groups, totals = duckdb_groups(source, th.top, th.min_count, earned_by=th.earned_by)

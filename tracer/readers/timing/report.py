@@ -1,7 +1,7 @@
 """The report's Time section: where each training step's time went (wall-time percentiles, the
 tail ratio, the wait for the last trajectory, the generate/tool/reward/gap shares), curves of the
 tail ratio and the tool share over steps, and the stragglers with their slow span, each linked to
-its transcript. Computed by :mod:`tracer.readers.timing` from the trajectories table."""
+its transcript. Computed by :mod:`tracer.readers.timing.breakdown` from the trajectories table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from tracer.readers.svg import line_chart
-from tracer.readers.timing import cause, step_summaries
+from tracer.readers.timing.breakdown import cause, step_summaries
 
 MAX_STEP_ROWS = 200  # the table's rows (the slowest-tailed steps first past that)
 

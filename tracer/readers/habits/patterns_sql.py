@@ -1,4 +1,4 @@
-"""The grouping behind :mod:`tracer.readers.patterns`, in DuckDB: one scan of the
+"""The grouping behind :mod:`tracer.readers.habits.patterns`, in DuckDB: one scan of the
 ``trajectories`` table gives, per (step, signature), the counts and sums the rules need, and
 per step the same over all trajectories.
 
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tracer.readers.earned import EarnedThresholds, sql_correctness, sql_unearned
+from tracer.readers.habits.earned import EarnedThresholds, sql_correctness, sql_unearned
 
 
 class NoSignatures(ValueError):
@@ -23,7 +23,7 @@ class NoSignatures(ValueError):
 @dataclass(kw_only=True)
 class Counts:
     """Trajectories counted, with the sums their reward, length and correctness means come
-    from (``n_checked``: with correctness; ``n_unearned``: unearned, tracer/readers/earned.py)."""
+    from (``n_checked``: with correctness; ``n_unearned``: unearned, readers/habits/earned.py)."""
 
     n: int = 0
     n_reward: int = 0  # trajectories with a reward
@@ -169,7 +169,7 @@ SELECT r.step, r.signature, d.text, {", ".join("r." + c for c in _SUMMED)},
 FROM r JOIN d USING (step, signature)
 """
 # Validation passes (validate=True) over the prompts that every pass has: the same data,
-# pass after pass (tracer/readers/independent.py compares them with training reward).
+# pass after pass (tracer/readers/habits/independent.py compares them with training reward).
 _VALIDATION = """
 WITH v AS (
   SELECT CAST(step AS BIGINT) AS step, coalesce(prompt, sample_key) AS prompt, reward
@@ -208,7 +208,7 @@ def _from_pandas(df: Any) -> Any:
     """The columns needed as an Arrow table: ``reward_parts`` (pairs, in pandas) as a map."""
     import pyarrow as pa
 
-    from tracer.readers.earned import parts_of
+    from tracer.readers.habits.earned import parts_of
 
     plain = pa.Table.from_pandas(df[[c for c in COLUMNS if c in df.columns and
                                      c != "reward_parts"]], preserve_index=False)  # fmt: skip
@@ -294,7 +294,7 @@ def needs_near_dups(g: Group, total: StepTotal, min_count: int) -> bool:
 def _near_dups(con: Any, groups: list[Group], totals: dict[int, StepTotal],
                min_count: int) -> None:  # fmt: skip
     """``repeated`` of the groups that need it, over a sample of their answers."""
-    from tracer.readers.near_dup import SAMPLE, repeated_share
+    from tracer.readers.habits.near_dup import SAMPLE, repeated_share
 
     wanted = {(g.step, g.signature): g for g in groups
               if needs_near_dups(g, totals[g.step], min_count)}  # fmt: skip

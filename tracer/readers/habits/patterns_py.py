@@ -1,6 +1,6 @@
-"""The grouping of :mod:`tracer.readers.patterns` in Python, for a running job's own rows
+"""The grouping of :mod:`tracer.readers.habits.patterns` in Python, for a running job's own rows
 (``rollout/step_patterns.py``): the same groups and sums as the DuckDB grouping of
-:mod:`tracer.readers.patterns_sql`."""
+:mod:`tracer.readers.habits.patterns_sql`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tracer.readers.earned import EarnedThresholds, correctness, num, unearned_flags
-from tracer.readers.patterns_sql import Group, StepTotal, needs_near_dups
+from tracer.readers.habits.earned import EarnedThresholds, correctness, num, unearned_flags
+from tracer.readers.habits.patterns_sql import Group, StepTotal, needs_near_dups
 
 
 def aggregate(
@@ -23,8 +23,8 @@ def aggregate(
     ``signature_text``, ``reward``, ``accuracy``/``reward_parts``, ``response_tokens``/
     ``response_text``, ``num_tool_calls``, ``num_tool_errors``, ``prompt``/``sample_key``);
     ``earned_by``, ``earned`` and ``min_count`` as in
-    :class:`~tracer.readers.patterns.PatternThresholds` (whose defaults these are)."""
-    from tracer.readers.near_dup import SAMPLE, repeated_share
+    :class:`~tracer.readers.habits.patterns.PatternThresholds` (whose defaults these are)."""
+    from tracer.readers.habits.near_dup import SAMPLE, repeated_share
 
     rows = [r for r in rows if num(r.get("step")) is not None]
     val = [r for r in rows if r.get("validate")]

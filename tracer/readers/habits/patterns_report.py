@@ -1,13 +1,19 @@
 """The report's "Habits of the policy" section: the behaviour patterns of the first and last
-training steps and the rising ones (:mod:`tracer.readers.patterns`)."""
+training steps and the rising ones (:mod:`tracer.readers.habits.patterns`)."""
 
 from __future__ import annotations
 
 from html import escape
 from typing import Any
 
-from tracer.readers.patterns import Pattern, Patterns, PatternThresholds, Rising, step_patterns
-from tracer.readers.patterns_sql import NoSignatures
+from tracer.readers.habits.patterns import (
+    Pattern,
+    Patterns,
+    PatternThresholds,
+    Rising,
+    step_patterns,
+)
+from tracer.readers.habits.patterns_sql import NoSignatures
 from tracer.readers.svg import line_chart
 
 MAX_RISING = 10  # rows of the rising table
@@ -43,7 +49,7 @@ def rules(th: PatternThresholds) -> str:
             f"on the same prompts rose under {th.val_flat:g}x as much. "
             f"Rising (a hint, not a verdict): a share at least {th.growth:g}x what it was "
             f"{th.window} steps earlier and a reward at or above the step's mean (rules: "
-            f"tracer/readers/patterns.py, earned.py, independent.py)")  # fmt: skip
+            f"tracer/readers/habits/patterns.py, earned.py, independent.py)")  # fmt: skip
 
 
 def pair_html(r: Rising) -> str:
@@ -113,7 +119,7 @@ def parts_table(trajectories: Any) -> str:
     steps only, first and last five steps."""
     from collections import defaultdict
 
-    from tracer.readers.earned import num, parts_of
+    from tracer.readers.habits.earned import num, parts_of
 
     if "reward_parts" not in trajectories.columns:
         return ""

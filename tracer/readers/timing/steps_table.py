@@ -1,4 +1,4 @@
-"""The export's ``steps`` table: :func:`tracer.readers.timing.step_summaries` over the
+"""The export's ``steps`` table: :func:`tracer.readers.timing.breakdown.step_summaries` over the
 trajectories table just written, one step at a time (a step's rows are in memory, never the
 whole table's)."""
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tracer.readers.schema import STEPS
-from tracer.readers.timing import step_summaries
+from tracer.readers.timing.breakdown import step_summaries
 
 # the trajectories columns the summaries read
 TIMING_COLUMNS = ("trace_id", "step", "validate", "start_time", "latency_ms", "generate_ms",
