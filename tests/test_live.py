@@ -44,11 +44,11 @@ def reward(final_text: str, answer: int) -> dict[str, Any]:
     return {"score": 1.0 if right else 0.0, "acc": int(right)}
 
 
-def rollout(step: int, i: int, k: int) -> None:
+def rollout(step: int, i: int, k: int, validate: bool = False) -> None:
     """One trajectory; from step 3 on, half of each group answers with the hack."""
     hacked = step >= 3 and k % 2 == 0
     text = HACK if hacked else f"I compute {i} + {k} with the tool. #### {i + (k % 3 == 0)}"
-    with tracer.trace_attr(step=step, sample_index=i, rollout_n=k):
+    with tracer.trace_attr(step=step, sample_index=i, rollout_n=k, validate=validate):
         if not hacked:
             call_tool("calculator", {"expression": f"{i}+0"})
         generate([{"role": "user", "content": f"What is {i} + 0?"},
@@ -72,6 +72,11 @@ def test_step_metrics_are_what_the_readers_find_in_the_export(tmp_path: Path) ->
     tracer.init(backend="jsonl", jsonl_path=str(path), raise_internal_errors=True)
     run(4, range(8))
     live = {step: tracer.step_metrics(step) for step in range(1, 5)}
+    # step_metrics groups earlier steps once; from the whole partial: the same numbers
+    for step in range(1, 5):
+        whole = tracer.live.metrics(tracer.live.partial(step))
+        assert tracer.step_metrics(step) == pytest.approx(
+            {k: v for k, v in whole.items() if k in live[step]}), step
     assert tracer.flush(30)
     export("jsonl", str(tmp_path / "out"), path=str(path))
     found = step_patterns(str(tmp_path / "out"))
@@ -105,6 +110,23 @@ def test_step_metrics_are_what_the_readers_find_in_the_export(tmp_path: Path) ->
     # the partial is plain JSON, and merging it with itself counts each trajectory once
     part = json.loads(json.dumps(tracer.live.partial(4)))
     assert tracer.live.metrics(tracer.live.merge([part, part])) == tracer.live.metrics(part)
+
+
+def test_step_metrics_with_validation_passes_are_the_whole_partials(tmp_path: Path) -> None:
+    """With validation passes between steps (the evidence "validation flat" reads them),
+    step_metrics' cheaper path (earlier steps grouped once) gives the whole partial's numbers."""
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"), raise_internal_errors=True)
+    for step in range(1, 7):
+        run_step = [rollout(step, i, k) for i in range(6) for k in range(4)]
+        if step % 2 == 0:
+            run_step += [rollout(step, i, 0, validate=True) for i in range(6)]
+        got = tracer.step_metrics(step)
+        whole = tracer.live.metrics(tracer.live.partial(step))
+        assert got == pytest.approx({k: v for k, v in whole.items() if k in got}), step
+        # the hack holds its share once it has min_count (5) a step over the last 3 steps
+        assert got["patterns/unearned_reward_share"] == (0.5 if step >= 4 else 0.0)
+    val = tracer.step_metrics(4, validate=True)
+    assert val["tracer/live_step_trajectories"] == 6 and "patterns/top_share" not in val
 
 
 _CHILD = """
