@@ -113,17 +113,19 @@ Settled = dict[int, tuple[list[Any], Any]]  # step -> (its groups, its total): a
 def _patterns(part: Mapping[str, Any], thresholds: Any = None,
               settled: Settled | None = None) -> Any:  # fmt: skip
     """The pattern rules' verdict on the part's step (None: no training trajectory in it).
-    ``settled``: earlier training steps already grouped (one process's, tracer.step_metrics),
-    whose rows the part then leaves out."""
+    ``settled``: training steps already grouped (one process's, tracer.step_metrics), whose
+    training rows are then not grouped again."""
     from tracer.readers.habits.patterns import PatternThresholds, aggregate, analyze
 
     th = thresholds or PatternThresholds()
     step = int(part["step"])
     first = step - (th.window + th.smooth)  # the rules look no further back
-    rows = [r for r in part.get("rows") or () if first < int(r["step"]) <= step]
+    settled = settled or {}
+    rows = [r for r in part.get("rows") or () if first < int(r["step"]) <= step
+            and (r.get("validate") or int(r["step"]) not in settled)]  # fmt: skip
     groups, totals = aggregate(rows, th.earned_by, th.earned, th.min_count)
-    for old, (old_groups, total) in (settled or {}).items():
-        if first < old < step:
+    for old, (old_groups, total) in settled.items():
+        if first < old <= step:
             mine = totals.get(old)  # a validation pass at that step: its fields stay
             if mine is not None:
                 total.val_n, total.val_sum, total.val_sq = mine.val_n, mine.val_sum, mine.val_sq
@@ -184,10 +186,10 @@ def step_metrics(step: int, *, validate: bool = False, timeout_s: float = 10.0) 
     live = pipeline.live if pipeline is not None else None
     if live is None:
         return metrics(partial(step, validate=validate, timeout_s=timeout_s))
-    # the same numbers, cheaper: the earlier training steps this process grouped once
+    # the same numbers, cheaper: each training step grouped once (again when rows came since)
     part = partial(step, validate=validate, history=False, timeout_s=timeout_s)
     part["rows"] += live.rows_before(int(step), validate=True)  # validation passes: few
-    return _metrics(part, None, live.settled(int(step)))
+    return _metrics(part, None, live.settled(int(step) + 1))
 
 
 __all__ = ["merge", "metrics", "partial", "step_metrics", "top_pattern"]

@@ -71,8 +71,8 @@ class LiveSteps:
             return [row for (v, s), rows in self.steps.items() if v == validate and s < step
                     for row in rows]  # fmt: skip
 
-    def settled(self, step: int) -> dict[int, tuple[list[Any], Any]]:
-        """The kept training steps before ``step``, each grouped by behaviour once (the
+    def settled(self, before: int) -> dict[int, tuple[list[Any], Any]]:
+        """The kept training steps before ``before``, each grouped by behaviour once (the
         readers' ``aggregate`` with the default thresholds), again only when rows came since."""
         import dataclasses
 
@@ -80,7 +80,7 @@ class LiveSteps:
 
         th = PatternThresholds()
         with self.lock:
-            wanted = {s: rows for (v, s), rows in self.steps.items() if not v and s < step}
+            wanted = {s: rows for (v, s), rows in self.steps.items() if not v and s < before}
             self._settled = {s: e for s, e in self._settled.items() if s in wanted}
         out = {}
         for s, rows in wanted.items():
