@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import statistics
 import tempfile
@@ -100,6 +101,7 @@ def rollout(reps: int, steps: int) -> dict[str, Any]:
         spent["observe"] += time.thread_time() - t
 
     LiveSteps.observe = timed_observe  # type: ignore[method-assign]
+    per_rep: list[float] = []  # the analysis's CPU a trajectory, per rep
     cpu: dict[str, list[float]] = {"off": [], "on": []}
     wall: dict[str, list[float]] = {"off": [], "on": []}
     done = {"trajectories": 0}
@@ -107,12 +109,14 @@ def rollout(reps: int, steps: int) -> dict[str, Any]:
     async def main() -> None:
         tmp = tempfile.mkdtemp(prefix="bench-live-")
         await worker.run_step(10_000, batches[0])  # warm-up: engine, tokenizer, tools
+        importlib.import_module("tracer.live.row")  # and the readers it calls (~50 ms)
         for rep in range(reps):
             for mode, live_steps in (("off", 0), ("on", 16)):
                 tracer.init(backend="jsonl", jsonl_path=f"{tmp}/{mode}-{rep}.jsonl",
                             spool_dir=f"{tmp}/spool", live_steps=live_steps,
                             max_samples_per_step_per_worker=None)  # fmt: skip
                 n = 0
+                before = spent["observe"] + spent["read"]
                 c0, w0 = time.process_time(), time.perf_counter()
                 for i, batch in enumerate(batches):
                     result = await worker.run_step(100 * rep + i + 1, batch)
@@ -125,6 +129,8 @@ def rollout(reps: int, steps: int) -> dict[str, Any]:
                 cpu[mode].append((time.process_time() - c0) / n * 1e6)
                 wall[mode].append((time.perf_counter() - w0) / n * 1e3)
                 done["trajectories"] = n
+                if live_steps:
+                    per_rep.append((spent["observe"] + spent["read"] - before) / n * 1e6)
                 tracer.reset()
         await engine.close()
 
@@ -134,7 +140,7 @@ def rollout(reps: int, steps: int) -> dict[str, Any]:
         LiveSteps.observe = real_observe  # type: ignore[method-assign]
     n_on = reps * done["trajectories"]
     med = {m: statistics.median(v) for m, v in cpu.items()}
-    live_us = (spent["observe"] + spent["read"]) / n_on * 1e6
+    live_us = statistics.median(per_rep)
     return {
         "reps": reps, "steps": steps, "trajectories_per_rep": done["trajectories"],
         "process_cpu_us_per_trajectory": {m: [round(x, 1) for x in v] for m, v in cpu.items()},
@@ -142,6 +148,7 @@ def rollout(reps: int, steps: int) -> dict[str, Any]:
         "median_cpu_us": {m: round(v, 1) for m, v in med.items()},
         "cpu_on_over_off_pct": round(100 * (med["on"] / med["off"] - 1), 2),
         "live_cpu_us_per_trajectory": round(live_us, 1),
+        "live_cpu_us_per_rep": [round(x, 1) for x in per_rep],
         "live_observe_us_per_trajectory": round(spent["observe"] / n_on * 1e6, 1),
         "live_read_ms_per_step": round(spent["read"] / (reps * steps) * 1e3, 2),
         "live_share_of_process_cpu_pct": round(100 * live_us / med["on"], 2),

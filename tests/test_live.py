@@ -199,3 +199,19 @@ def test_every_hung_rollout_is_reported_sampled_or_not(
     unsampled = [x for x in lines if "not sampled (no trace); open span: not recorded" in x]
     assert 2 <= len(unsampled) <= 3 and sum("trace_id=" in x for x in lines) == 4 - len(unsampled)
     wait_for(lambda: not tracer.get_tracer().open_trajectories.unsampled, "all to close")
+
+
+def test_live_steps_bounds_what_is_kept_and_zero_turns_it_off(tmp_path: Path) -> None:
+    from tracer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="live_steps must be an integer >= 0"):
+        tracer.init(backend="jsonl", live_steps=-1)
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "a.jsonl"), live_steps=2)
+    run(4, range(2))
+    assert sorted({r["step"] for r in tracer.live.partial(4)["rows"]}) == [3, 4]
+    assert tracer.step_metrics(1)["tracer/live_step_trajectories"] == 0  # let go
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "b.jsonl"), live_steps=0)
+    run(1, range(2))
+    m = tracer.step_metrics(1)
+    assert m["tracer/submitted"] == 8 and not any(k.startswith(("patterns/", "timing/"))
+                                                  for k in m)  # fmt: skip
