@@ -35,7 +35,6 @@ from benchmarks.common import per_call_us, quiet_env
 def unsampled(n: int, rounds: int) -> dict[str, Any]:
     import tracer
     from benchmarks.hotpath import HOLD, losing_pair
-    from tracer.core import _NOT_WATCHED
     from tracer.watchdog import OpenTrajectories
 
     per: dict[str, list[float]] = {"off": [], "on": []}
@@ -55,22 +54,24 @@ def unsampled(n: int, rounds: int) -> dict[str, Any]:
             per[mode] += per_call_us(losing, n, 1, tracer.flush)
     tracer.reset()
 
-    def registration(watched: Any) -> Any:
+    def registration(unsampled: dict[int, Any] | None) -> Any:
         attr = tracer.trace_attr(step=7, sample_index=lose)
 
         def loop(k: int) -> None:
-            for _ in range(k):  # what trace_attr's enter and exit add for the watchdog
-                attr._start_ns = time.time_ns()
-                attr._watched = w = watched
-                w.watch(attr)
+            for _ in range(k):  # what trace_attr's enter and exit do for the watchdog
+                if unsampled is not None:
+                    attr._start_ns = time.time_ns()
+                    attr._watched = w = unsampled
+                    w[id(attr)] = attr
                 w = attr._watched
-                attr._watched = None
-                w.unwatch(attr)
+                if w is not None:
+                    attr._watched = None
+                    w.pop(id(attr), None)
 
         return loop
 
     alone = {m: per_call_us(registration(w), n, rounds)
-             for m, w in (("on", OpenTrajectories()), ("off", _NOT_WATCHED))}  # fmt: skip
+             for m, w in (("on", OpenTrajectories().unsampled), ("off", None))}  # fmt: skip
     med = {m: statistics.median(v) for m, v in per.items()}
     return {
         "n": n, "rounds": rounds,
@@ -176,27 +177,32 @@ def main() -> None:
         with open(a.json, "w") as f:
             f.write(text)
     if a.record:
-        from benchmarks.figures import record
+        record_figures(out, f"python -m benchmarks.bench_live --reps {a.reps} --record")
 
-        u, r = out["unsampled"], out["rollout"]
-        cmd = f"python -m benchmarks.bench_live --reps {a.reps} --record"
-        record("watchdog-unsampled",
-               f"+{u['watchdog_on_minus_off_us']:.2f} µs a rollout (unsampled `trace_attr` "
-               f"enter + exit {u['trace_attr_unsampled_us']['off']:.2f} -> "
-               f"{u['trace_attr_unsampled_us']['on']:.2f} µs); the registration alone "
-               f"{u['registration_alone_us']['on']:.2f} µs (goal < 0.5 µs)",
-               figure="the watchdog's watch over a rollout the sampler leaves out", command=cmd)
-        record("live-analysis-cost",
-               f"{r['live_cpu_us_per_trajectory']:.0f} µs of CPU a trajectory "
-               f"({r['live_share_of_process_cpu_pct']:.2f} % of the traced rollout's whole-"
-               f"process CPU; goal < 2 %); whole-process CPU on vs off "
-               f"{r['median_cpu_us']['on']:.0f} vs {r['median_cpu_us']['off']:.0f} µs "
-               f"({r['cpu_on_over_off_pct']:+.1f} %); throughput on/off "
-               f"{r['throughput_on_over_off']:.3f}; step_metrics "
-               f"{r['live_read_ms_per_step']:.1f} ms a step of "
-               f"{r['trajectories_per_rep'] // r['steps']} trajectories",
-               figure="the live analysis on a verl-like rollout (fast engine, 100 % sampling, "
-                      "JSONL)", command=cmd)  # fmt: skip
+
+def record_figures(out: dict[str, Any], cmd: str) -> None:
+    """Store the two figures (benchmarks/figures.json, docs/benchmarks.md's table)."""
+    from benchmarks.figures import record
+
+    u, r = out["unsampled"], out["rollout"]
+    alone = u["registration_alone_us"]["on"] - u["registration_alone_us"]["off"]
+    record("watchdog-unsampled",
+           f"the registration alone +{alone:.2f} µs a rollout (goal < 0.5 µs); unsampled "
+           f"`trace_attr` enter + exit {u['trace_attr_unsampled_us']['off']:.2f} -> "
+           f"{u['trace_attr_unsampled_us']['on']:.2f} µs with the watchdog on "
+           f"(+{u['watchdog_on_minus_off_us']:.2f} µs, median of {u['rounds']} rounds)",
+           figure="the watchdog's watch over a rollout the sampler leaves out", command=cmd)
+    record("live-analysis-cost",
+           f"{r['live_cpu_us_per_trajectory']:.0f} µs of CPU a trajectory "
+           f"({r['live_share_of_process_cpu_pct']:.2f} % of the traced rollout's whole-"
+           f"process CPU; goal < 2 %); whole-process CPU on vs off "
+           f"{r['median_cpu_us']['on']:.0f} vs {r['median_cpu_us']['off']:.0f} µs "
+           f"({r['cpu_on_over_off_pct']:+.1f} %); throughput on/off "
+           f"{r['throughput_on_over_off']:.3f}; step_metrics "
+           f"{r['live_read_ms_per_step']:.1f} ms a step of "
+           f"{r['trajectories_per_rep'] // r['steps']} trajectories",
+           figure="the live analysis on a verl-like rollout (fast engine, 100 % sampling, "
+                  "JSONL)", command=cmd)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ class Tracer:
         # the traced trajectories still open: trace_attr adds each as it opens and takes it
         # out as it ends (tracer/watchdog.py: OpenTrajectories; nothing kept without a watchdog)
         self.open_trajectories: Any = _NOT_WATCHED
+        # the unsampled rollouts open now, by id (the watchdog's; None: no watchdog)
+        self.unsampled: dict[int, Any] | None = None
         self.watchdog: Any = None
         self.keep_on = self.config.keep_on
         if not self.keep_on:  # the sampler decides alone: one Python call fewer per trajectory
@@ -97,6 +99,7 @@ class Tracer:
                         "tracing goes on without it", exc)  # fmt: skip
             return
         self.open_trajectories, self.watchdog = watchdog.open, watchdog
+        self.unsampled = watchdog.open.unsampled
 
     # hot path
     def admit(self, step: Any, sample_index: Any, validate: bool) -> tuple[bool, Any]:
@@ -207,7 +210,7 @@ class _NotWatched:
     def add(self, item: Any) -> None:
         pass
 
-    ended = watch = unwatch = add
+    ended = add
 
 
 _NOT_WATCHED = _NotWatched()

@@ -110,7 +110,7 @@ class trace_attr:
         )
         self._token: Token[_Frame] | None = None
         self._traj: Trajectory | None = None
-        self._watched: Any = None  # the watchdog's set, while an unsampled one is open
+        self._watched: dict[int, Any] | None = None  # the watchdog's, while unsampled and open
         self._start_ns = 0
 
     def __enter__(self) -> Trajectory | None:
@@ -128,10 +128,10 @@ class trace_attr:
                                                attempt)  # fmt: skip
                 tracer.open_trajectories.add(traj)  # the watchdog's (tracer/watchdog.py)
                 frame = (traj, traj.root_id)
-            else:  # not recorded, but watched all the same: a stuck rollout is reported
-                self._start_ns = time_ns()
-                self._watched = watched = tracer.open_trajectories
-                watched.watch(self)
+            elif tracer.unsampled is not None:  # not recorded, but watched: a stuck rollout
+                self._start_ns = time_ns()  # is reported all the same (tracer/watchdog.py)
+                self._watched = watched = tracer.unsampled
+                watched[id(self)] = self
         self._token = _current.set(frame)
         return self._traj
 
@@ -145,7 +145,7 @@ class trace_attr:
         watched = self._watched
         if watched is not None:
             self._watched = None
-            watched.unwatch(self)
+            watched.pop(id(self), None)
         traj = self._traj
         if traj is not None:
             self._traj = None

@@ -67,12 +67,6 @@ class OpenTrajectories(set):  # type: ignore[type-arg]
         self.discard(traj)
         self.walls.append((traj.step, bool(traj.validate), (traj.end_ns - traj.start_ns) / 1e9))
 
-    def watch(self, attr: Any) -> None:
-        self.unsampled[id(attr)] = attr
-
-    def unwatch(self, attr: Any) -> None:
-        self.unsampled.pop(id(attr), None)
-
 
 def worker_description() -> str:
     """``host=h pid=1 ray_actor=Name rank=0``: where a rollout runs. The Ray actor only when Ray
@@ -195,7 +189,7 @@ class Watchdog:
                 current[id(traj)] = (traj.start_ns, traj.step, traj.validate)
         for key, attr in list(self.open.unsampled.items()):  # one C call too
             start_ns = attr._start_ns
-            if start_ns:  # 0: closed since
+            if start_ns:  # set before it was added: 0 never seen here
                 current[key] = (start_ns, attr.kwargs[0], attr.kwargs[3])
         self.reported &= current.keys()
         stuck = 0
