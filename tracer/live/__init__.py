@@ -30,6 +30,8 @@ Memory is bounded: ``live_steps`` steps per process (default 16), 4,096 rows a s
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -64,7 +66,8 @@ def partial(step: int, *, validate: bool = False, history: bool = True,
         pipeline.processed(timeout_s)
         if pipeline.live is not None:
             rows = pipeline.live.rows(int(step), history)
-    worker = str(t.config.worker_id)
+    # a process's key: its worker id (which users may give several processes) and its pid
+    worker = f"{t.config.worker_id} ({socket.gethostname()}:{os.getpid()})"
     return {"version": VERSION, "step": int(step), "validate": bool(validate), "rows": rows,
             "processes": {worker: _process_entry(int(step), t.metrics())}}  # fmt: skip
 
