@@ -215,3 +215,24 @@ def test_live_steps_bounds_what_is_kept_and_zero_turns_it_off(tmp_path: Path) ->
     m = tracer.step_metrics(1)
     assert m["tracer/submitted"] == 8 and not any(k.startswith(("patterns/", "timing/"))
                                                   for k in m)  # fmt: skip
+
+
+def test_a_row_stays_about_3_kb_however_long_the_texts(tmp_path: Path) -> None:
+    """What the live analysis keeps a trajectory (docs/configuration.md: ``live_steps``): the
+    row's dict and its values (the keys are the same strings in every row)."""
+    from tracer.live.row import TEXT_CHARS
+
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"))
+    long = "word " * 20_000
+    with tracer.trace_attr(step=1, sample_index=0, rollout_n=0):
+        call_tool("calculator", {"expression": long})
+        generate([{"role": "user", "content": long}, {"role": "assistant", "content": long}])
+        reward(long, 1)
+    [row] = tracer.live.partial(1)["rows"]
+    assert len(row["prompt"]) <= TEXT_CHARS + 5 and len(row["response_text"]) <= TEXT_CHARS + 5
+
+    def size(value: Any) -> int:
+        inner = value.values() if isinstance(value, dict) else ()
+        return sys.getsizeof(value) + sum(size(v) for v in inner)
+
+    assert size(row) < 3500, size(row)

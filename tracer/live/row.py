@@ -23,7 +23,7 @@ from tracer.readers.rows import _accuracy, _reward_parts
 from tracer.readers.timing.breakdown import record_timing
 from tracer.record import SpanRecord, TrajectoryRecord, plain
 
-TEXT_CHARS = 1000  # of an answer or a prompt kept per trajectory
+TEXT_CHARS = 400  # of an answer or a prompt kept per trajectory (a row: at most ~3 kB)
 # the breakdown's columns that step_summaries reads (timing/breakdown.py)
 TIMING = ("generate_ms", "tool_ms", "reward_ms", "other_ms", "gap_ms", "tool_ms_by_name",
           "slow_span_id", "slow_span_kind", "slow_span_name", "slow_span_detail",
@@ -34,7 +34,7 @@ _IDS = ("response_ids", "output_ids", "token_ids")
 def _cut(text: Any) -> Any:
     if isinstance(text, str) and len(text) > TEXT_CHARS:
         half = TEXT_CHARS // 2
-        return text[:half] + " … " + text[-half:]
+        return text[:half] + " ... " + text[-half:]  # ASCII: a 1-byte string
     return text
 
 

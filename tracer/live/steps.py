@@ -9,7 +9,7 @@ import collections
 import threading
 from typing import Any
 
-MAX_ROWS = 4096  # rows kept per step and process; more are counted in live_rows_left_out
+MAX_ROWS = 2048  # rows kept per step and process; more are counted in live_rows_left_out
 
 
 class LiveSteps:
