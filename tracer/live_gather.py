@@ -285,6 +285,14 @@ class Publisher:
                 out[step] = {**part, "rows": rows}
         return out
 
+    def _sent(self, pieces: dict[int, Partial], newest: int) -> None:
+        for step, piece in pieces.items():
+            ids = self.sent.setdefault(step, (set(), None))[0]
+            ids.update(r.get("trace_id") for r in piece["rows"])
+            self.sent[step] = (ids, piece.get("processes"))
+        for old in [s for s in self.sent if s <= newest - PUSH_STEPS]:
+            del self.sent[old]
+
     def push(self) -> None:
         import ray
 
@@ -307,12 +315,7 @@ class Publisher:
                 if not pieces:
                     return
                 self.in_flight = self.actor.put.remote(self.worker, pieces)
-                for step, piece in pieces.items():
-                    ids = self.sent.setdefault(step, (set(), None))[0]
-                    ids.update(r.get("trace_id") for r in piece["rows"])
-                    self.sent[step] = (ids, piece.get("processes"))
-                for old in [s for s in self.sent if s <= newest - PUSH_STEPS]:
-                    del self.sent[old]
+                self._sent(pieces, newest)
             except Exception as exc:  # no gatherer yet, or gone: look again later, send all
                 self.errors += 1
                 self.actor, self.in_flight = None, None
