@@ -105,9 +105,9 @@ def test_what_arrives_after_its_step_was_logged_is_counted(
         == 2 * PER_STEP  # fmt: skip
     assert after["tracer/live_step_trajectories"] == 2 * PER_STEP
     assert [r.getMessage() for r in caplog.records] == [
-        f"rollout-tracer: {PER_STEP} trajectories of step 4 reached the driver after the "
-        "trainer logged step 4; they are counted in tracer/live_late_trajectories, not in "
-        "step 4's numbers (the trace store has them)"]
+        f"rollout-tracer: the trainer logged step 4 before all its trajectories reached the "
+        f"driver ({PER_STEP} late so far); the late ones are counted in "
+        "tracer/live_late_trajectories, not in step 4's numbers (the trace store has them all)"]
     # a step older than every step the driver keeps is counted too, never dropped silently
     small = StepBook(keep_steps=2)
     small.receive([(s, "w1", parts["w1"][s]) for s in (3, 4)])

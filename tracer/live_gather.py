@@ -132,11 +132,11 @@ class StepBook:
         self.late += n
         if n and step not in self.warned:
             self.warned.add(step)
-            log.warning("rollout-tracer: %d trajectories of step %d%s reached the driver after "
-                        "the trainer logged step %d; they are counted in "
-                        "tracer/live_late_trajectories, not in step %d's numbers (the trace "
-                        "store has them)", n, step, f" (worker {worker})" if worker else "",
-                        step, step)  # fmt: skip
+            log.warning("rollout-tracer: the trainer logged step %d before all its "
+                        "trajectories reached the driver (%d late so far%s); the late ones are "
+                        "counted in tracer/live_late_trajectories, not in step %d's numbers "
+                        "(the trace store has them all)", step, n,
+                        f", worker {worker}" if worker else "", step)  # fmt: skip
 
     def for_log(self, step: int) -> dict[str, float]:
         """The numbers to log with the trainer's ``step``; from then on, what arrives for
@@ -146,8 +146,8 @@ class StepBook:
                 return {}
             numbers, count = self.numbers.get(step, ({}, 0))
             self.logged[step] = count
-            out = dict(numbers)
-            out["tracer/live_late_trajectories"] = float(self.late)
+            out = {"tracer/live_step_trajectories": 0.0, "tracer/live_workers": 0.0, **numbers,
+                   "tracer/live_late_trajectories": float(self.late)}  # fmt: skip
         return out
 
 
