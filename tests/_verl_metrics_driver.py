@@ -44,11 +44,11 @@ class Rollouts:
     def __init__(self) -> None:
         RolloutTraceConfig.init(PROJECT, EXPERIMENT, "jsonl", False, None)
 
-    async def step(self, step: int) -> None:
+    async def step(self, step: int, validate: bool = False) -> None:
         loop = Loop()
 
         async def one(i: int) -> None:
-            with rollout_trace_attr(step=step, sample_index=i, rollout_n=0, validate=False,
+            with rollout_trace_attr(step=step, sample_index=i, rollout_n=0, validate=validate,
                                     name="agent_loop"):  # fmt: skip
                 await loop.compute_score(await loop.generate(f"2 + 2 ({i})"), i == 0)
 
@@ -76,8 +76,8 @@ def main(tmp: str) -> None:
         for i in range(2)]  # fmt: skip
     log_s: list[float] = []
 
-    def rollouts(step: int, ws: list[Any]) -> None:
-        ray.get([w.step.remote(step) for w in ws], timeout=300)
+    def rollouts(step: int, ws: list[Any], validate: bool = False) -> None:
+        ray.get([w.step.remote(step, validate) for w in ws], timeout=300)
 
     def arrived(step: int, n: int) -> None:  # the trainer's own work between rollouts and log
         deadline = time.monotonic() + 180
@@ -92,6 +92,8 @@ def main(tmp: str) -> None:
 
     for step in (1, 2, 3):
         rollouts(step, workers)
+        if step == 2:  # verl's _validate at a test_freq step: not in the numbers
+            rollouts(step, workers, validate=True)
         arrived(step, 2 * PER_STEP)
         log(step)
     rollouts(4, workers)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tracer
-from tracer import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+from tracer import RolloutTraceConfig, live_gather, rollout_trace_attr, rollout_trace_op
 from tracer.live_gather import Gatherer, Publisher, StepBook
 
 PER_STEP = 4  # trajectories a step per worker
@@ -162,3 +163,14 @@ def test_the_gatherer_holds_pieces_until_the_driver_has_them() -> None:
         assert [p[0] for p in (await asyncio.wait_for(waiter, 10))[2]] == [6]
 
     asyncio.run(scenario())
+
+
+def test_the_verl_page_says_what_the_code_does() -> None:
+    page = (Path(__file__).parents[1] / "docs" / "verl.md").read_text()
+    section = page[page.index("## Metrics in your tracker"):page.index("## A tracer never")]
+    text = " ".join(section.split())
+    assert live_gather.PUSH_INTERVAL_S == 0.5 and "every 0.5 s" in text
+    assert live_gather.PUSH_STEPS == 4 and "four newest steps" in text
+    assert live_gather.POLL_S == 0.5 and "at most twice a second" in text
+    assert live_gather.RETRY_S == 5 and "starts it again 5 s later" in text
+    assert f"`{live_gather.ACTOR_PREFIX}<job id>`, namespace `{live_gather.NAMESPACE}`" in text
