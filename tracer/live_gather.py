@@ -251,6 +251,7 @@ class Publisher:
         self.in_flight: Any = None
         self.retry_at = 0.0
         self.errors = 0
+        self.found = False  # the gatherer was found once: failures after that are worth a line
         self.lock = threading.Lock()  # one push at a time (the thread's, or stop()'s)
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rollout-tracer-live-publisher",
@@ -311,16 +312,19 @@ class Publisher:
                     if time.monotonic() < self.retry_at:
                         return
                     self.actor = ray.get_actor(actor_name(_job_id()), namespace=NAMESPACE)
+                    self.found = True
                 pieces = self._pieces(newest)
                 if not pieces:
                     return
                 self.in_flight = self.actor.put.remote(self.worker, pieces)
                 self._sent(pieces, newest)
             except Exception as exc:  # no gatherer yet, or gone: look again later, send all
-                self.errors += 1
                 self.actor, self.in_flight = None, None
                 self.sent.clear()
                 self.retry_at = time.monotonic() + RETRY_S
+                if not self.found:  # no driver collects (no verl Tracking in this job): quiet
+                    return
+                self.errors += 1
                 if self.errors in (10, 100) or self.errors % 1000 == 0:
                     log.warning("rollout-tracer: this worker's live numbers cannot reach the "
                                 "driver (%s: %s) [%d times]", type(exc).__name__, exc,
