@@ -33,6 +33,11 @@ class Loop:
         return f"{prompt} = 4"
 
     @rollout_trace_op
+    async def execute(self, expression: str) -> str:  # a tool call that never returns
+        await asyncio.sleep(3600)
+        return "4"
+
+    @rollout_trace_op
     async def compute_score(self, answer: str, hacked: bool) -> dict[str, Any]:
         return {"score": 1.0, "acc": not hacked}  # acc as a bool: verl's DAPO scorer's
 
@@ -43,6 +48,16 @@ class Rollouts:
 
     def __init__(self) -> None:
         RolloutTraceConfig.init(PROJECT, EXPERIMENT, "jsonl", False, None)
+        self.hung: list[asyncio.Task[None]] = []
+
+    async def hang(self, step: int) -> None:
+        """One more rollout of ``step`` whose tool call hangs (left running)."""
+
+        async def rollout() -> None:
+            with rollout_trace_attr(step=step, sample_index=99, rollout_n=0, name="agent_loop"):
+                await Loop().execute("2 + 2")
+
+        self.hung.append(asyncio.create_task(rollout()))
 
     async def step(self, step: int, validate: bool = False) -> None:
         loop = Loop()
@@ -72,8 +87,8 @@ def main(tmp: str) -> None:
                       config={"trainer": {"project_name": PROJECT}})  # fmt: skip
     book = logger._rollout_tracer_book
     workers = [Rollouts.options(runtime_env={"env_vars": {
-        "ROLLOUT_TRACER_JSONL_PATH": f"{tmp}/traces-{i}.jsonl"}}).remote()
-        for i in range(2)]  # fmt: skip
+        "ROLLOUT_TRACER_JSONL_PATH": f"{tmp}/traces-{i}.jsonl",
+        "ROLLOUT_TRACER_STUCK_AFTER_S": "1"}}).remote() for i in range(2)]  # fmt: skip
     log_s: list[float] = []
 
     def rollouts(step: int, ws: list[Any], validate: bool = False) -> None:
@@ -99,6 +114,7 @@ def main(tmp: str) -> None:
     rollouts(4, workers)
     log(4)  # at once: the workers' numbers of step 4 reach the driver after it was logged
     rollouts(5, workers)
+    ray.get(workers[0].hang.remote(5))  # reported stuck after 1 s (its stuck_after_s)
     arrived(5, 2 * PER_STEP)
     log(5)
     # what the tracker must show for steps 1-5: every worker's own partials, merged here

@@ -103,6 +103,9 @@ def test_late_numbers_are_counted_and_a_lost_worker_or_gatherer_costs_only_numbe
     # 7's arrived late and are counted (a resent step 5 or 6 is not counted twice)
     assert logged[7]["tracer/live_step_trajectories"] + late[8] - late[7] == PER_STEP
     assert logged[8]["tracer/live_step_trajectories"] == PER_STEP
+    # a rollout of step 5 whose tool call hangs (unsampled or not, the watchdog sees it): in
+    # verl's tracker by step 8
+    assert logged[8]["tracer/stuck_trajectories"] == 1
     err = run["stderr"]
     assert "the trainer logged step 4 before all its trajectories reached the driver" in err
     assert "the trainer logged step 7 before all its trajectories reached the driver" in err
