@@ -82,7 +82,8 @@ def test_each_step_carries_the_workers_numbers_under_verls_step(run: dict[str, A
         assert got == pytest.approx(expected), step
         assert logged[step]["tracer/live_workers"] == 2
         assert logged[step]["tracer/live_step_trajectories"] == 2 * PER_STEP
-        assert logged[step]["tracer/stuck_trajectories"] == 0
+        if step < 5:  # a rollout of step 5 hangs (below): it may count by step 5's log
+            assert logged[step]["tracer/stuck_trajectories"] == 0
 
 
 def test_late_numbers_are_counted_and_a_lost_worker_or_gatherer_costs_only_numbers(
