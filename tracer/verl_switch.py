@@ -39,6 +39,9 @@ from typing import Any
 
 ENV_VAR = "ROLLOUT_TRACER_VERL"
 VERL_MODULE = "verl.utils.rollout_trace"
+# verl's logger: loaded as verl wrote it, then its Tracking gets the live numbers
+# (tracer/verl_metrics.py)
+VERL_TRACKING_MODULE = "verl.utils.tracking"
 # verl's own module, loaded under this name only when the switch falls back to it at init
 VERL_OWN_MODULE = "verl.utils._rollout_trace_verl_own"
 # verl's RolloutTraceConfig.init: MLFLOW_TRACKING_URI, else this
@@ -71,17 +74,17 @@ def uninstall() -> None:
 
 class VerlTraceFinder(importlib.abc.MetaPathFinder):
     """Finds ``verl.utils.rollout_trace`` through the other finders and loads ours in its
-    place; every other name is left to them."""
+    place, and ``verl.utils.tracking`` to add the live numbers to its ``Tracking``; every
+    other name is left to them."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != VERL_MODULE:
+        if fullname not in (VERL_MODULE, VERL_TRACKING_MODULE):
             return None
         verl_spec = _find_elsewhere(fullname, path, target)
         if verl_spec is None:  # no verl here: the import fails as it would without us
             return None
-        return importlib.util.spec_from_loader(
-            fullname, _SwitchLoader(verl_spec), origin=verl_spec.origin
-        )
+        loader = _SwitchLoader if fullname == VERL_MODULE else _TrackingLoader
+        return importlib.util.spec_from_loader(fullname, loader(verl_spec), origin=verl_spec.origin)
 
 
 def _find_elsewhere(fullname: str, path: Any, target: Any) -> Any:
@@ -118,6 +121,31 @@ class _SwitchLoader(importlib.abc.Loader):
         module.__file__ = self.verl_spec.origin  # verl's file: what tools expect to find
 
 
+class _TrackingLoader(importlib.abc.Loader):
+    """verl's ``verl.utils.tracking`` as verl wrote it; then its ``Tracking`` becomes the
+    subclass that adds the live numbers, unless that fails (verl's class stays)."""
+
+    def __init__(self, verl_spec: importlib.machinery.ModuleSpec) -> None:
+        self.verl_spec = verl_spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        loader = self.verl_spec.loader
+        assert loader is not None
+        module.__file__ = self.verl_spec.origin
+        loader.exec_module(module)
+        try:
+            from tracer.verl_metrics import tracking_class
+
+            module.Tracking = tracking_class(module.Tracking)  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("rollout-tracer: the live numbers cannot be added to verl's Tracking "
+                        "(%s: %s); verl logs its own metrics only", type(exc).__name__,
+                        exc)  # fmt: skip
+
+
 class _Fallback:
     """verl's own module once rollout-tracer's init failed in this process (else None)."""
 
@@ -126,7 +154,7 @@ class _Fallback:
 
 def build_module() -> dict[str, Any]:
     """The names the switched ``verl.utils.rollout_trace`` holds."""
-    from tracer import verl_compat
+    from tracer import verl_compat, verl_metrics
 
     class RolloutTraceConfig(verl_compat.RolloutTraceConfig):
         __doc__ = verl_compat.RolloutTraceConfig.__doc__
@@ -164,10 +192,12 @@ def build_module() -> dict[str, Any]:
                             cfg.project_name, cfg.experiment_name,
                             cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"),
                             cfg.spool_dir if cfg.spool else "off", os.getpid())  # fmt: skip
+                verl_metrics.start_publisher(cfg.worker_id)  # a Ray rollout worker's numbers
 
         @classmethod
         def reset(cls) -> None:
             """Forget the configuration, rollout-tracer's or verl's own after a fallback."""
+            verl_metrics.stop_publisher()
             own, _Fallback.module = _Fallback.module, None
             if own is not None:
                 own.RolloutTraceConfig.reset()
@@ -182,6 +212,8 @@ def build_module() -> dict[str, Any]:
         trace: bool = True,
     ) -> Any:
         own = _Fallback.module
+        if own is None and not validate:
+            verl_metrics.note_step(step)
         impl = verl_compat.rollout_trace_attr if own is None else own.rollout_trace_attr
         return impl(sample_index, step, rollout_n, name, validate, trace)
 
