@@ -60,13 +60,15 @@ def partial(step: int, *, validate: bool = False, history: bool = True,
     t = get_tracer()
     pipeline = t.pipeline
     rows: list[dict[str, Any]] = []
+    entry = _process_entry(int(step), t.metrics())
     if pipeline is not None:
         pipeline.processed(timeout_s)
         if pipeline.live is not None:
             rows = pipeline.live.rows(int(step), history)
+            entry["paid"] = pipeline.live.paid_totals()
     worker = str(t.config.worker_id)
     return {"version": VERSION, "step": int(step), "validate": bool(validate), "rows": rows,
-            "processes": {worker: _process_entry(int(step), t.metrics())}}  # fmt: skip
+            "processes": {worker: entry}}  # fmt: skip
 
 
 def merge(parts: Iterable[Mapping[str, Any]], keep_steps: int = 16) -> dict[str, Any]:
@@ -107,6 +109,25 @@ def _counters(part: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _earlier(part: Mapping[str, Any], earned_by: str | None) -> dict[bool, float]:
+    """What correct answers were paid over every step the processes saw (their running
+    totals, added up): the level a step is judged against when none of the recent steps
+    kept has a correct answer (tracer/readers/habits/earned.py)."""
+    from tracer.readers.habits.earned import paid_key
+
+    name = paid_key(earned_by)
+    out: dict[bool, float] = {}
+    for validate in (False, True):
+        total = n = 0.0
+        for entry in (part.get("processes") or {}).values():
+            got = ((entry.get("paid") or {}).get(str(validate).lower()) or {}).get(name)
+            if got:
+                total, n = total + float(got[0]), n + float(got[1])
+        if n:
+            out[validate] = total / n
+    return out
+
+
 def _patterns(part: Mapping[str, Any], thresholds: Any = None) -> Any:
     """The pattern rules' verdict on the part's step (None: no training trajectory in it)."""
     from tracer.readers.habits.patterns import PatternThresholds, aggregate, analyze
@@ -115,7 +136,8 @@ def _patterns(part: Mapping[str, Any], thresholds: Any = None) -> Any:
     step = int(part["step"])
     first = step - (th.window + th.smooth)  # the rules look no further back
     rows = [r for r in part.get("rows") or () if first < int(r["step"]) <= step]
-    groups, totals = aggregate(rows, th.earned_by, th.earned, th.min_count)
+    groups, totals = aggregate(rows, th.earned_by, th.earned, th.min_count,
+                               _earlier(part, th.earned_by))  # fmt: skip
     if step not in totals or not totals[step].n:
         return None
     return analyze(groups, totals, th, last_only=True)

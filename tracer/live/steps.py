@@ -22,6 +22,10 @@ class LiveSteps:
         # (validate, step) -> rows, oldest step first within each validate flag
         self.steps: dict[tuple[bool, int], list[dict[str, Any]]] = {}
         self.counts: collections.Counter[str] = collections.Counter()
+        # what correct answers were paid, every step seen (validate -> correctness name ->
+        # [reward sum, count]): the level a step with no correct answer is judged against
+        # once the steps that had one are let go (tracer/readers/habits/earned.py)
+        self.paid: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
 
     def observe(self, record: Any) -> None:
         """Add one built trajectory (its row is made here, outside the lock)."""
@@ -48,6 +52,21 @@ class LiveSteps:
                 return
             rows.append(row)
             self.counts["live_trajectories"] += 1
+            self._pay(key[0], row)
+
+    def _pay(self, validate: bool, row: dict[str, Any]) -> None:
+        """Count the row's reward under each correctness it passes (caller holds ``lock``)."""
+        from tracer.readers.habits.earned import LOW_CORRECTNESS, num, parts_of, truth
+
+        reward = num(row.get("reward"))
+        if reward is None:
+            return
+        named = {**parts_of(row.get("reward_parts")), "accuracy": truth(row.get("accuracy"))}
+        for name, value in named.items():
+            if value is not None and value >= LOW_CORRECTNESS:
+                total = self.paid[validate].setdefault(name, [0.0, 0])
+                total[0] += reward
+                total[1] += 1
 
     def _bound(self, validate: bool) -> None:
         """Let the oldest steps go beyond ``keep_steps`` (caller holds ``lock``)."""
@@ -61,6 +80,12 @@ class LiveSteps:
         with self.lock:
             return [row for (_, s), rows in sorted(self.steps.items(), key=lambda kv: kv[0][1])
                     if s == step or (history and s < step) for row in rows]  # fmt: skip
+
+    def paid_totals(self) -> dict[str, dict[str, list[float]]]:
+        """:attr:`paid` as JSON data (``"true"``/``"false"`` keys), a copy."""
+        with self.lock:
+            return {str(v).lower(): {k: list(t) for k, t in by.items()}
+                    for v, by in self.paid.items()}  # fmt: skip
 
     def metrics(self) -> dict[str, int]:
         with self.lock:

@@ -192,12 +192,14 @@ def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = Non
             earned_by: str | None = None) -> Health:  # fmt: skip
     """Health of a run from its trajectory rows (dicts with the export's ``trajectories``
     columns; ``flags`` holds each row's trajectory flags); ``earned_by``: the reward part that
-    says correct (default ``accuracy``)."""
-    from tracer.readers.habits.earned import correctness, unearned_flags
+    says correct (default ``accuracy``; one that no row has raises
+    :class:`~tracer.readers.habits.earned.UnknownPart`)."""
+    from tracer.readers.habits.earned import check_rows, correctness, unearned_flags
 
     th = th or HealthThresholds()
     health = Health()
     rows = list(rows)
+    check_rows(rows, earned_by)  # a part no trajectory has is a typo: UnknownPart
     flags = unearned_flags(rows, earned_by)
     unearned = {str(r["trace_id"]) for r, bad in zip(rows, flags, strict=True) if bad}
     # steps whose rows have correctness and a reward, none judged: no correct answer to go by

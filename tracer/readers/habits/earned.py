@@ -43,6 +43,11 @@ def not_judged(where: str) -> str:
     return f"no correct answer in {where}; not judged"
 
 
+def paid_key(earned_by: str | None) -> str:
+    """The name correctness goes by: ``accuracy`` for the accuracy column, else the part."""
+    return "accuracy" if earned_by is None or earned_by in DEFAULT_KEYS else earned_by
+
+
 class UnknownPart(ValueError):
     """``--earned-by PART`` names a part that no trajectory read has."""
 
@@ -66,11 +71,26 @@ def check_part(earned_by: str | None, parts: Iterable[str], has_accuracy: bool) 
     raise UnknownPart(earned_by, parts | ({"accuracy"} if has_accuracy else set()))
 
 
+LOW_CORRECTNESS = 0.5  # at or above: a correct answer
+
+
 @dataclass
 class EarnedThresholds:
-    low_correctness: float = 0.5
+    low_correctness: float = LOW_CORRECTNESS
     paid_ratio: float = 0.8
     min_unearned: float = 0.5
+
+
+def check_rows(rows: Iterable[Mapping[str, Any]], earned_by: str | None) -> None:
+    """:func:`check_part` over trajectory rows (their ``reward_parts`` and ``accuracy``)."""
+    if earned_by is None:
+        return
+    parts: set[str] = set()
+    has_accuracy = False
+    for r in rows:
+        parts.update(parts_of(r.get("reward_parts")))
+        has_accuracy = has_accuracy or truth(r.get("accuracy")) is not None
+    check_part(earned_by, parts, has_accuracy)
 
 
 def truth(v: Any) -> float | None:
@@ -132,10 +152,13 @@ def label(earned_by: str | None) -> str:
 
 
 def unearned_flags(rows: Iterable[Mapping[str, Any]], earned_by: str | None = None,
-                   th: EarnedThresholds | None = None) -> list[bool | None]:  # fmt: skip
+                   th: EarnedThresholds | None = None,
+                   earlier: Mapping[bool, float] | None = None) -> list[bool | None]:  # fmt: skip
     """Per row (training and validation steps apart): True when its reward is unearned (module
     docstring), False when it is checked and not, None when it has no correctness or reward,
-    or is not judged (no correct answer read to compare with: :func:`judged`)."""
+    or is not judged (no correct answer read to compare with). ``earlier``: per ``validate``,
+    what correct answers were paid in steps no longer among ``rows`` (the live analysis keeps
+    only the recent steps), the level when no row is correct."""
     th = th or EarnedThresholds()
     rows = list(rows)
     values = [(num(r.get("reward")), correctness(r, earned_by)) for r in rows]
@@ -150,24 +173,11 @@ def unearned_flags(rows: Iterable[Mapping[str, Any]], earned_by: str | None = No
     for r, (reward, corr) in zip(rows, values, strict=True):
         key = (bool(r.get("validate")), r.get("step"))
         those = paid.get(key) or run.get(key[0])
-        if reward is None or corr is None or not those:
+        level = sum(those) / len(those) if those else (earlier or {}).get(key[0])
+        if reward is None or corr is None or level is None:
             out.append(None)
             continue
-        level = sum(those) / len(those)
         out.append(corr < th.low_correctness and reward > 0 and reward >= th.paid_ratio * level)
-    return out
-
-
-def judged(rows: Iterable[Mapping[str, Any]], earned_by: str | None = None,
-           th: EarnedThresholds | None = None) -> dict[bool, bool]:  # fmt: skip
-    """Per ``validate``: whether its rows can be judged at all (some row is correct)."""
-    th = th or EarnedThresholds()
-    out: dict[bool, bool] = {}
-    for r in rows:
-        corr = correctness(r, earned_by)
-        validate = bool(r.get("validate"))
-        ok = corr is not None and corr >= th.low_correctness and num(r.get("reward")) is not None
-        out[validate] = out.get(validate, False) or ok
     return out
 
 

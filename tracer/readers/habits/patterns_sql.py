@@ -331,3 +331,26 @@ def _validation(con: Any, totals: dict[int, StepTotal]) -> None:
 def _counts(sums: dict[str, Any]) -> dict[str, Any]:
     return {k: (float(v) if k.endswith("_sum") or k.endswith("_sq") else int(v))
             for k, v in sums.items()}  # fmt: skip
+
+
+def check_export_part(source: Any, earned_by: str | None) -> None:
+    """:func:`~tracer.readers.habits.earned.check_part` over an export (a folder, a Parquet
+    file, a DataFrame, an Arrow table), in DuckDB: raises ``UnknownPart``."""
+    if earned_by is None:
+        return
+    import duckdb
+
+    from tracer.readers.habits.earned import check_part
+
+    con = duckdb.connect()
+    try:
+        names = _source(con, source)
+        parts: set[str] = set()
+        if "reward_parts" in names:
+            parts = {str(r[0]) for r in con.execute(
+                "SELECT DISTINCT unnest(map_keys(reward_parts)) FROM src").fetchall()}  # fmt: skip
+        has_accuracy = "accuracy" in names and bool(con.execute(
+            f"SELECT count({_double('accuracy')}) FROM src").fetchone()[0])  # fmt: skip
+    finally:
+        con.close()
+    check_part(earned_by, parts, has_accuracy)
