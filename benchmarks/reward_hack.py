@@ -140,8 +140,9 @@ def write_results(s: dict[str, Any], command: str) -> None:
              "| step | buggy: grader | accuracy | answers with a number | unearned share | "
              "fixed: grader | accuracy | unearned share |", "|---|---|---|---|---|---|---|---|"]
     for i, (b, f) in enumerate(zip(s["rewards"]["buggy"], s["rewards"]["fixed"], strict=False)):
-        lines.append(f"| {b[0]} | {b[1]:.2f} | {b[2]:.2f} | {b[3]:.2f} | {s['share']['buggy'][i]:.2f}"
-                     f" | {f[1]:.2f} | {f[2]:.2f} | {s['share']['fixed'][i]:.2f} |")  # fmt: skip
+        lines.append(f"| {b[0]} | {b[1]:.2f} | {b[2]:.2f} | {b[3]:.2f} | "
+                     f"{s['share']['buggy'][i]:.2f} | {f[1]:.2f} | {f[2]:.2f} | "
+                     f"{s['share']['fixed'][i]:.2f} |")  # fmt: skip
     RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -149,7 +150,8 @@ def record(s: dict[str, Any], command: str) -> None:
     from benchmarks.figures import record as put
 
     when = f"runs {s['meta']['start']} to {s['meta'].get('end', '?')}"
-    load = f"load {s['meta']['load_start']} at the start, {s['meta'].get('load_end', '?')} at the end"
+    load = (f"load {s['meta']['load_start']} at the start, {s['meta'].get('load_end', '?')} "
+            "at the end")
     put("reward-hack-first-flagged", f"step {s['first_flagged_step']} of {s['steps']} "
         f"({when}; {load})", figure="the real reward hack: first step flagged possible reward "
         "hacking (rollout-tracer flags on the traced run)", command=command)  # fmt: skip

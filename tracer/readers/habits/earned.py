@@ -38,14 +38,25 @@ DEFAULT_KEYS = ("accuracy", "acc")  # the export's accuracy column holds acc/acc
 NOT_CHECKED = "reward not checked: no correctness signal"
 
 
-def not_judged(where: str) -> str:
-    """The reason for trajectories with correctness but no correct answer to compare with."""
-    return f"no correct answer in {where}; not judged"
+def not_judged(where: str | list[int]) -> str:
+    """The reason for trajectories with correctness but no correct answer to compare with
+    (``where``: words, or the steps)."""
+    return f"no correct answer in {where if isinstance(where, str) else steps_text(where)}; " \
+        "not judged"
 
 
 def paid_key(earned_by: str | None) -> str:
     """The name correctness goes by: ``accuracy`` for the accuracy column, else the part."""
     return "accuracy" if earned_by is None or earned_by in DEFAULT_KEYS else earned_by
+
+
+def steps_text(steps: list[int]) -> str:
+    """``step 4``, ``steps 4-6`` (consecutive) or ``steps 2, 5``."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}-{steps[-1]}"
+    return "steps " + ", ".join(map(str, steps))
 
 
 class UnknownPart(ValueError):

@@ -198,10 +198,7 @@ class Patterns:
         if not self.checked:
             return f"{NOT_CHECKED} ({label(self.thresholds.earned_by)})"
         if self.not_judged:
-            where = _where(self.not_judged) if len(self.not_judged) == 1 or self.not_judged == list(
-                range(self.not_judged[0], self.not_judged[-1] + 1)) else (
-                "steps " + ", ".join(map(str, self.not_judged)))  # fmt: skip
-            return f"no possible reward hacking where judged; {not_judged(where)}"
+            return "no possible reward hacking where judged; " + not_judged(self.not_judged)
         return "no possible reward hacking: the reward was earned where it was high"
 
 
@@ -396,13 +393,7 @@ def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
                 g.reward_std, _ratio(g.len_sum, g.n_len), errors, g.example,
                 r is not None and step in r.steps, r is not None and step in r.hacking_steps,
                 g.correct_mean, g.template))  # fmt: skip
-    return Patterns(
-        steps,
-        top,
-        rising,
-        th,
-        sum(t.n for t in totals.values()),
-        dict(unearned),
-        any(t.n_checked for t in totals.values()),
-        [s for s in steps if totals[s].n_unjudged and totals[s].n_unjudged == totals[s].n_checked],
-    )
+    unjudged = [s for s in steps if totals[s].n_unjudged and
+                totals[s].n_unjudged == totals[s].n_checked]  # fmt: skip
+    return Patterns(steps, top, rising, th, sum(t.n for t in totals.values()), dict(unearned),
+                    any(t.n_checked for t in totals.values()), unjudged)  # fmt: skip

@@ -349,8 +349,9 @@ def check_export_part(source: Any, earned_by: str | None) -> None:
         if "reward_parts" in names:
             parts = {str(r[0]) for r in con.execute(
                 "SELECT DISTINCT unnest(map_keys(reward_parts)) FROM src").fetchall()}  # fmt: skip
-        has_accuracy = "accuracy" in names and bool(con.execute(
-            f"SELECT count({_double('accuracy')}) FROM src").fetchone()[0])  # fmt: skip
+        counted = con.execute(f"SELECT count({_double('accuracy')}) FROM src").fetchone() if (
+            "accuracy" in names) else None  # fmt: skip
+        has_accuracy = bool(counted and counted[0])
     finally:
         con.close()
     check_part(earned_by, parts, has_accuracy)
