@@ -122,6 +122,9 @@ def _runs(args: argparse.Namespace, cache: str) -> tuple[list[Any], str | None]:
         if not args.path:
             raise ValueError("--from parquet needs --path: the export folder")
         main = os.path.abspath(args.path)
+        from tracer.readers.habits.patterns_sql import check_export_part
+
+        check_export_part(main, args.earned_by)  # UnknownPart: a ValueError, one line
     else:
         exported = main = os.path.join(cache, "exports", _export_key(args))
         summary = export_source(args, main)

@@ -277,13 +277,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     if problem:
         return fail("report", problem)
     from tracer.readers import read_tables, write_report
+    from tracer.readers.habits.earned import UnknownPart
 
     t0 = time.perf_counter()
     try:
         tables = read_tables(args.source, allow_empty=False, **_source_kwargs(args))
     except read_errors() as exc:
         return fail("report", str(exc), exit_status(exc))
-    write_report(tables, args.out, args.title, earned_by=args.earned_by)
+    try:
+        write_report(tables, args.out, args.title, earned_by=args.earned_by)
+    except UnknownPart as exc:  # --earned-by names a part no trajectory has (--from parquet)
+        return fail("report", str(exc))
     traj = tables.trajectories
     n_val = int(traj["validate"].sum()) if len(traj) else 0
     print(f"report of {len(traj) - n_val} training and {n_val} validation trajectories: "

@@ -115,6 +115,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
     if problem:
         return fail("flags", problem)
     from tracer.readers import read_tables
+    from tracer.readers.habits.earned import UnknownPart
     from tracer.readers.health import analyze
 
     try:
@@ -123,7 +124,10 @@ def cmd_flags(args: argparse.Namespace) -> int:
         tables = read_tables(args.source, allow_empty=False, **kwargs)
     except read_errors() as exc:
         return fail("flags", str(exc), exit_status(exc))
-    health = analyze(tables.trajectories.to_dict("records"), earned_by=args.earned_by)
+    try:
+        health = analyze(tables.trajectories.to_dict("records"), earned_by=args.earned_by)
+    except UnknownPart as exc:  # --earned-by names a part no trajectory has
+        return fail("flags", str(exc))
     counts = health.counts()
     found, no_patterns = _patterns(args, tables.trajectories)
     if args.write_tags:
@@ -140,7 +144,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
              "trace_ids": f.trace_ids}
             for f in health.steps
         ]  # fmt: skip
-        out: dict[str, Any] = {"flags": flags, "steps": steps,
+        out: dict[str, Any] = {"flags": flags, "steps": steps, "not_judged": health.notes(),
                                "summary": found.summary() if found is not None else None,
                                "rising_patterns": [rising_json(r) for r in found.rising]
                                if found is not None else None}  # fmt: skip
@@ -151,6 +155,8 @@ def cmd_flags(args: argparse.Namespace) -> int:
         _print_health(health, counts, tables.trajectories, args.examples)
     else:
         print(f"no health flags in {n} trajectories")
+    for note in health.notes():  # reward not judged: no correct answer to compare with
+        print(f"  {note}")
     if found is not None:
         print_rising(found, args.examples)
     else:

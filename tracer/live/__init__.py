@@ -63,14 +63,19 @@ def partial(step: int, *, validate: bool = False, history: bool = True,
     t = get_tracer()
     pipeline = t.pipeline
     rows: list[dict[str, Any]] = []
+    paid = None
     if pipeline is not None:
         pipeline.processed(timeout_s)
         if pipeline.live is not None:
             rows = pipeline.live.rows(int(step), history)
+            paid = pipeline.live.paid_totals()
+    entry = _process_entry(int(step), t.metrics())  # the counters once processed
+    if paid is not None:
+        entry["paid"] = paid
     # a process's key: its worker id (which users may give several processes) and its pid
     worker = f"{t.config.worker_id} ({socket.gethostname()}:{os.getpid()})"
     return {"version": VERSION, "step": int(step), "validate": bool(validate), "rows": rows,
-            "processes": {worker: _process_entry(int(step), t.metrics())}}  # fmt: skip
+            "processes": {worker: entry}}  # fmt: skip
 
 
 def merge(parts: Iterable[Mapping[str, Any]], keep_steps: int = 16) -> dict[str, Any]:
@@ -114,11 +119,31 @@ def _counters(part: Mapping[str, Any]) -> dict[str, float]:
 Settled = dict[int, tuple[list[Any], Any]]  # step -> (its groups, its total): aggregated once
 
 
-def _patterns(part: Mapping[str, Any], thresholds: Any = None,
-              settled: Settled | None = None) -> Any:  # fmt: skip
+def _earlier(part: Mapping[str, Any], earned_by: str | None) -> dict[bool, float]:
+    """What correct answers were paid over every step the processes saw (their running
+    totals, added up): the level a step is judged against when none of the recent steps
+    kept has a correct answer (tracer/readers/habits/earned.py)."""
+    from tracer.readers.habits.earned import paid_key
+
+    name = paid_key(earned_by)
+    out: dict[bool, float] = {}
+    for validate in (False, True):
+        total = n = 0.0
+        for entry in (part.get("processes") or {}).values():
+            got = ((entry.get("paid") or {}).get(str(validate).lower()) or {}).get(name)
+            if got:
+                total, n = total + float(got[0]), n + float(got[1])
+        if n:
+            out[validate] = total / n
+    return out
+
+
+def _patterns(part: Mapping[str, Any], thresholds: Any = None, settled: Settled | None = None,
+              earlier: dict[bool, float] | None = None) -> Any:  # fmt: skip
     """The pattern rules' verdict on the part's step (None: no training trajectory in it).
     ``settled``: training steps already grouped (one process's, tracer.step_metrics), whose
-    training rows are then not grouped again."""
+    training rows are then not grouped again; ``earlier``: the level a step with no correct
+    answer is judged against (default: what the processes paid correct answers so far)."""
     from tracer.readers.habits.patterns import PatternThresholds, aggregate, analyze
 
     th = thresholds or PatternThresholds()
@@ -127,7 +152,9 @@ def _patterns(part: Mapping[str, Any], thresholds: Any = None,
     settled = settled or {}
     rows = [r for r in part.get("rows") or () if first < int(r["step"]) <= step
             and (r.get("validate") or int(r["step"]) not in settled)]  # fmt: skip
-    groups, totals = aggregate(rows, th.earned_by, th.earned, th.min_count)
+    if earlier is None:
+        earlier = _earlier(part, th.earned_by)
+    groups, totals = aggregate(rows, th.earned_by, th.earned, th.min_count, earlier)
     for old, (old_groups, total) in settled.items():
         if first < old <= step:
             mine = totals.get(old)  # a validation pass at that step: its fields stay
@@ -147,13 +174,14 @@ def metrics(part: Mapping[str, Any], thresholds: Any = None) -> dict[str, float]
     return _metrics(part, thresholds, None)
 
 
-def _metrics(part: Mapping[str, Any], thresholds: Any, settled: Settled | None) -> dict[str, float]:
+def _metrics(part: Mapping[str, Any], thresholds: Any, settled: Settled | None,
+             earlier: dict[bool, float] | None = None) -> dict[str, float]:  # fmt: skip
     from tracer.readers.timing.breakdown import step_summaries, tracker_metrics
 
     step, validate = int(part["step"]), bool(part.get("validate"))
     m: dict[str, float] = {}
     if not validate:
-        found = _patterns(part, thresholds, settled)
+        found = _patterns(part, thresholds, settled, earlier)
         if found is not None:
             m.update(found.step_metrics(step))
     mine = [r for r in part.get("rows") or ()
@@ -193,7 +221,16 @@ def step_metrics(step: int, *, validate: bool = False, timeout_s: float = 10.0) 
     # the same numbers, cheaper: each training step grouped once (again when rows came since)
     part = partial(step, validate=validate, history=False, timeout_s=timeout_s)
     part["rows"] += live.rows_before(int(step), validate=True)  # validation passes: few
-    return _metrics(part, None, live.settled(int(step) + 1))
+    # a step with no correct answer is judged against what the steps looked back over paid
+    # correct ones (as metrics(partial(step)) judges it), else against every step seen
+    from tracer.readers.habits.patterns import PatternThresholds
+
+    th = PatternThresholds()
+    level = live.paid_level(int(step) - (th.window + th.smooth), int(step))
+    if level is None:
+        level = _earlier(part, th.earned_by).get(False)
+    earlier = {**_earlier(part, th.earned_by), **({False: level} if level is not None else {})}
+    return _metrics(part, None, live.settled(int(step) + 1, level), earlier)
 
 
 __all__ = ["merge", "metrics", "partial", "step_metrics", "top_pattern"]

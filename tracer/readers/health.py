@@ -31,12 +31,15 @@ that show it, and the step is counted):
                        the first step's; flags trajectories with reward > 0 and accuracy 0.
 ``reward_accuracy_divergence``  possibly unearned reward (:mod:`tracer.readers.habits.earned`, the
                        notion the behaviour patterns' ``possible reward hacking`` uses): at
-                       least ``unearned_share`` of the step's trajectories were paid like a
-                       correct answer without being correct; flags them.
+                       least ``unearned_share`` of the step's trajectories, and at least
+                       ``unearned_min`` of them (one wrong answer is not a habit), were paid
+                       like a correct answer without being correct; flags them. Where no
+                       trajectory read is correct, nothing is judged: the step gets a note
+                       (``Health.notes``: "no correct answer in step N; not judged").
 
 Steps compare with the first step of the same ``validate`` seen in the data ("baseline").
-Accuracy is the reward span's ``accuracy``/``acc`` output; rules that need it skip steps
-without it. Thresholds are fields of :class:`HealthThresholds`.
+Accuracy is the reward span's ``accuracy``/``acc`` output (a bool as 0/1); rules that need it
+skip steps without it. Thresholds are fields of :class:`HealthThresholds`.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracer.readers.habits.earned import num
+from tracer.readers.habits.earned import not_judged, num, truth
 
 TRAJECTORY_FLAGS = ("truncated", "tool_loop", "identical_turns", "tool_error_burst",
                     "short_answer_high_reward")  # fmt: skip
@@ -88,6 +91,7 @@ class HealthThresholds:
     component_share: float = 0.8
     flat_accuracy: float = 0.05
     unearned_share: float = 0.05  # as the patterns' min_share
+    unearned_min: int = 2  # trajectories: a single wrong answer paid is no habit
 
 
 @dataclass
@@ -106,6 +110,16 @@ class Health:
     by_trace: dict[str, list[str]] = field(default_factory=dict)
     steps: list[StepFlag] = field(default_factory=list)
     step_of: dict[str, Any] = field(default_factory=dict)  # trace id -> step
+    not_judged: list[tuple[bool, Any]] = field(default_factory=list)  # (validate, step)
+
+    def notes(self, limit: int = 5) -> list[str]:
+        """What could not be judged, in words: "no correct answer in step N; not judged"."""
+        out = [not_judged(f"{'validation ' if v else ''}step {s}")
+               for v, s in self.not_judged[:limit]]  # fmt: skip
+        if len(self.not_judged) > limit:
+            out.append(f"... and {len(self.not_judged) - limit} more steps with no correct "
+                       "answer; not judged")  # fmt: skip
+        return out
 
     def counts(self) -> dict[str, dict[Any, int]]:
         """Flag -> step -> number of flagged trajectories."""
@@ -178,14 +192,24 @@ def analyze(rows: Iterable[Mapping[str, Any]], th: HealthThresholds | None = Non
             earned_by: str | None = None) -> Health:  # fmt: skip
     """Health of a run from its trajectory rows (dicts with the export's ``trajectories``
     columns; ``flags`` holds each row's trajectory flags); ``earned_by``: the reward part that
-    says correct (default ``accuracy``)."""
-    from tracer.readers.habits.earned import unearned_flags
+    says correct (default ``accuracy``; one that no row has raises
+    :class:`~tracer.readers.habits.earned.UnknownPart`)."""
+    from tracer.readers.habits.earned import check_rows, correctness, unearned_flags
 
     th = th or HealthThresholds()
     health = Health()
     rows = list(rows)
-    unearned = {str(r["trace_id"]) for r, bad in zip(rows, unearned_flags(rows, earned_by),
-                                                     strict=True) if bad}  # fmt: skip
+    check_rows(rows, earned_by)  # a part no trajectory has is a typo: UnknownPart
+    flags = unearned_flags(rows, earned_by)
+    unearned = {str(r["trace_id"]) for r, bad in zip(rows, flags, strict=True) if bad}
+    # steps whose rows have correctness and a reward, none judged: no correct answer to go by
+    seen: dict[tuple[bool, Any], bool] = {}
+    for r, bad in zip(rows, flags, strict=True):
+        key = (bool(r.get("validate")), r.get("step"))
+        if correctness(r, earned_by) is not None and num(r.get("reward")) is not None:
+            seen[key] = seen.get(key, False) or bad is not None
+    health.not_judged = sorted((k for k, ok in seen.items() if not ok),
+                               key=lambda k: (k[0], num(k[1]) or 0))  # fmt: skip
     by_step: dict[tuple[bool, Any], list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         trace_id = str(row["trace_id"])
@@ -217,7 +241,7 @@ def _pairs(members: list[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any
 def _step_stats(members: list[Mapping[str, Any]]) -> dict[str, float | None]:
     lengths = [x for x in (num(r.get("response_tokens")) for r in members) if x is not None]
     rewards = [x for x in (num(r.get("reward")) for r in members) if x is not None]
-    accs = [x for x in (num(r.get("accuracy")) for r in members) if x is not None]
+    accs = [x for x in (truth(r.get("accuracy")) for r in members) if x is not None]
     groups: dict[str, list[float | None]] = defaultdict(list)
     for r in members:
         groups[str(r.get("sample_key"))].append(num(r.get("reward")))
@@ -259,13 +283,13 @@ def _step_rules(
         out.append(StepFlag(None, False, "zero_variance_rising", zero, hit))
     reward, acc, base_acc = stats["reward"], stats["accuracy"], base["accuracy"]
     no_acc = [i for i, r in _pairs(members)
-              if (num(r.get("reward")) or 0) > 0 and num(r.get("accuracy")) == 0]  # fmt: skip
+              if (num(r.get("reward")) or 0) > 0 and truth(r.get("accuracy")) == 0]  # fmt: skip
     if reward and acc is not None and base_acc is not None:
         share = (reward - acc) / reward
         if share >= th.component_share and abs(acc - base_acc) <= th.flat_accuracy:
             out.append(StepFlag(None, False, "reward_without_accuracy", share, no_acc))
     hit = [i for i, _ in _pairs(members) if i in unearned]
-    if members and len(hit) / len(members) >= th.unearned_share:
+    if members and len(hit) >= th.unearned_min and len(hit) / len(members) >= th.unearned_share:
         out.append(StepFlag(None, False, "reward_accuracy_divergence", len(hit) / len(members),
                             hit))  # fmt: skip
     return [f for f in out if f.trace_ids]

@@ -210,9 +210,11 @@ def _prompts_panel(traj: Any) -> str:
 def _health_panel(health: Health, examples: int) -> str:
     """The Health section: each flag, its count over steps, links to example transcripts."""
     counts = health.counts()
+    # reward that could not be judged (no correct answer to compare with), said as such
+    notes = "".join(f'<p class="not-judged">{escape(n)}</p>' for n in health.notes())
     if not counts:
         return ('<section id="health"><h2>Health</h2><p id="health-none">No health flags '
-                "(rules and thresholds: tracer/readers/health.py).</p></section>")  # fmt: skip
+                f"(rules and thresholds: tracer/readers/health.py).</p>{notes}</section>")
     rows = []
     for name in FLAGS:
         if name not in counts:
@@ -235,7 +237,7 @@ def _health_panel(health: Health, examples: int) -> str:
         '<section id="health"><h2>Health</h2><p>Flagged trajectories per rule (rules and '
         "thresholds: tracer/readers/health.py); click an example to read its transcript.</p>"
         "<table><thead><tr><th>flag</th><th>level</th><th>trajectories</th><th>per step</th>"
-        f"<th>examples</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+        f"<th>examples</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{notes}</section>"
     )
 
 

@@ -16,7 +16,7 @@ from tracer.annotations import token_values
 from tracer.chat import tool_arguments as _tool_arguments
 from tracer.chat import tool_result as _tool_result
 from tracer.readers.habits.behaviour import behaviour
-from tracer.readers.habits.earned import reward_parts
+from tracer.readers.habits.earned import reward_parts, truth
 from tracer.readers.habits.signature import scored_text, signature
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.readers.timing.breakdown import record_timing
@@ -317,10 +317,11 @@ TOKEN_SUMMARY = ("mismatch_kl_mean", "mismatch_kl_max", "ref_kl_mean", "ref_kl_m
 def _accuracy(spans: list[SpanRecord]) -> float | None:
     for span in reversed(spans):
         if span.kind == "reward" and span.status == "OK":
-            # verl's reward functions say acc; TRL's built-in reward function is accuracy_reward
-            value = _field(span.outputs, "accuracy", "acc", "accuracy_reward")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
+            # verl's reward functions say acc (DAPO's a bool: 0/1); TRL's built-in reward
+            # function is accuracy_reward
+            value = truth(_field(span.outputs, "accuracy", "acc", "accuracy_reward"))
+            if value is not None:
+                return value
     return None
 
 

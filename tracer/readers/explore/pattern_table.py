@@ -30,8 +30,8 @@ from tracer.readers.habits.patterns_report import rules
 from tracer.readers.habits.patterns_sql import Group, StepTotal, duckdb_groups
 
 log = logging.getLogger(__name__)
-VERSION = 3  # 2: groups by behaviour, with correctness and unearned counts; 3: tool calls and
-# validation passes in the step totals
+VERSION = 4  # 2: groups by behaviour, with correctness and unearned counts; 3: tool calls and
+# validation passes in the step totals; 4: not judged without a correct answer (n_unjudged)
 KEEP = 2  # tables kept in the cache folder besides those in use
 
 

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracer.readers.habits.earned import NOT_CHECKED, EarnedThresholds, judge, label
+from tracer.readers.habits.earned import NOT_CHECKED, EarnedThresholds, judge, label, not_judged
 from tracer.readers.habits.independent import RunShape, run_shape, tool_dropped, validation_flat
 from tracer.readers.habits.independent import where as _where
 from tracer.readers.habits.patterns_py import aggregate
@@ -159,6 +159,7 @@ class Patterns:
     n: int = 0  # trajectories grouped
     unearned: dict[int, float] = field(default_factory=dict)
     checked: bool = False  # some trajectory has a correctness signal
+    not_judged: list[int] = field(default_factory=list)  # steps with no correct answer to go by
 
     def step_metrics(self, step: int) -> dict[str, float]:
         """``patterns/top_share``, the patterns flagged ``rising`` and ``possible reward
@@ -196,6 +197,8 @@ class Patterns:
                     f"last step ({last}){unchecked}")  # fmt: skip
         if not self.checked:
             return f"{NOT_CHECKED} ({label(self.thresholds.earned_by)})"
+        if self.not_judged:
+            return "no possible reward hacking where judged; " + not_judged(self.not_judged)
         return "no possible reward hacking: the reward was earned where it was high"
 
 
@@ -275,9 +278,11 @@ def _judge(s: _Sums, steps: list[int], th: PatternThresholds, shape: RunShape, i
     v = judge(n=m.n, n_checked=m.n_checked, n_unearned=m.n_unearned, reward=m.reward_mean,
               correct=m.correct_mean, rest_reward=s.rest("reward_sum", "n_reward"),
               rest_correct=s.rest("correct_sum", "n_checked"), where=_where(steps),
-              earned_by=th.earned_by, th=th.earned)  # fmt: skip
+              earned_by=th.earned_by, th=th.earned, n_unjudged=m.n_unjudged)  # fmt: skip
     if v.checked:
         return v.hacking, v.reason
+    if v.reason != NOT_CHECKED:  # correctness without a correct answer: said, not judged
+        return False, v.reason
     rest = s.rest("reward_sum", "n_reward")
     if m.reward_mean is None or rest is None or m.reward_mean <= rest:
         return False, NOT_CHECKED
@@ -335,7 +340,8 @@ def _flagged(sig: str, per_step: dict[int, Group], steps: list[int],
             found.reason = found.reason or why
         elif found.note is None:
             hint = " and ".join((["rising"] if rising else []) + _shape(now, th))
-            found.note = f"{hint}; {why}" if why == NOT_CHECKED else f"earned: {why}"
+            said = why == NOT_CHECKED or why.endswith("; not judged")  # no verdict, only why
+            found.note = f"{hint}; {why}" if said else f"earned: {why}"
     if found is None:
         return None
     found.curve = [(s, per_step[s].n / totals[s].n if s in per_step else 0.0) for s in steps]
@@ -387,12 +393,7 @@ def analyze(groups: Iterable[Group], totals: Mapping[int, StepTotal],
                 g.reward_std, _ratio(g.len_sum, g.n_len), errors, g.example,
                 r is not None and step in r.steps, r is not None and step in r.hacking_steps,
                 g.correct_mean, g.template))  # fmt: skip
-    return Patterns(
-        steps,
-        top,
-        rising,
-        th,
-        sum(t.n for t in totals.values()),
-        dict(unearned),
-        any(t.n_checked for t in totals.values()),
-    )
+    unjudged = [s for s in steps if totals[s].n_unjudged and
+                totals[s].n_unjudged == totals[s].n_checked]  # fmt: skip
+    return Patterns(steps, top, rising, th, sum(t.n for t in totals.values()), dict(unearned),
+                    any(t.n_checked for t in totals.values()), unjudged)  # fmt: skip

@@ -17,20 +17,23 @@ def aggregate(
     earned_by: str | None = None,
     earned: EarnedThresholds | None = None,
     min_count: int = 5,
+    earlier: Mapping[bool, float] | None = None,
 ) -> tuple[list[Group], dict[int, StepTotal]]:
     """The grouping of :func:`step_patterns` in Python, over rows with the ``trajectories``
     columns (``trace_id``, ``step``, ``validate``, ``behaviour`` (else ``signature``),
     ``signature_text``, ``reward``, ``accuracy``/``reward_parts``, ``response_tokens``/
     ``response_text``, ``num_tool_calls``, ``num_tool_errors``, ``prompt``/``sample_key``);
     ``earned_by``, ``earned`` and ``min_count`` as in
-    :class:`~tracer.readers.habits.patterns.PatternThresholds` (whose defaults these are)."""
+    :class:`~tracer.readers.habits.patterns.PatternThresholds` (whose defaults these are);
+    ``earlier``: what correct answers were paid before these rows
+    (:func:`~tracer.readers.habits.earned.unearned_flags`)."""
     from tracer.readers.habits.near_dup import SAMPLE, repeated_share
 
     rows = [r for r in rows if num(r.get("step")) is not None]
     val = [r for r in rows if r.get("validate")]
     rows = [r for r in rows if not r.get("validate") and (r.get("behaviour")
                                                          or r.get("signature"))]  # fmt: skip
-    unearned = unearned_flags(rows, earned_by, earned)
+    unearned = unearned_flags(rows, earned_by, earned, earlier)
     groups: dict[tuple[int, str], Group] = {}
     seen: dict[tuple[int, str], tuple[set[Any], set[Any]]] = {}
     answers: dict[tuple[int, str], list[tuple[str, Any, Any]]] = defaultdict(list)

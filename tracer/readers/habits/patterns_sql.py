@@ -23,7 +23,8 @@ class NoSignatures(ValueError):
 @dataclass(kw_only=True)
 class Counts:
     """Trajectories counted, with the sums their reward, length and correctness means come
-    from (``n_checked``: with correctness; ``n_unearned``: unearned, readers/habits/earned.py)."""
+    from (``n_checked``: with correctness; ``n_unearned``: unearned, ``n_unjudged``: with
+    correctness and a reward but no correct answer to compare with; readers/habits/earned.py)."""
 
     n: int = 0
     n_reward: int = 0  # trajectories with a reward
@@ -34,6 +35,7 @@ class Counts:
     n_checked: int = 0
     correct_sum: float = 0.0
     n_unearned: int = 0
+    n_unjudged: int = 0
 
     def add(self, reward: float | None, length: float | None, correct: float | None = None,
             unearned: bool | None = None) -> None:  # fmt: skip
@@ -49,6 +51,7 @@ class Counts:
             self.n_checked += 1
             self.correct_sum += correct
         self.n_unearned += bool(unearned)
+        self.n_unjudged += correct is not None and reward is not None and unearned is None
 
     def merge(self, other: Counts) -> None:
         for name in _SUMMED:
@@ -71,7 +74,7 @@ class Counts:
 
 
 _SUMMED = ("n", "n_reward", "reward_sum", "reward_sq", "n_len", "len_sum", "n_checked",
-           "correct_sum", "n_unearned")  # fmt: skip
+           "correct_sum", "n_unearned", "n_unjudged")  # fmt: skip
 
 
 @dataclass
@@ -133,7 +136,8 @@ FROM src
 WHERE step IS NOT NULL AND NOT isnan(CAST(step AS DOUBLE)) AND NOT coalesce(validate, false)
   AND {key} IS NOT NULL;
 CREATE TEMP VIEW t AS
-WITH {paid} SELECT t0.*, coalesce({unearned}, false) AS unearned FROM t0 JOIN paid USING (step)
+WITH {paid} SELECT t0.*, coalesce({unearned}, false) AS unearned, paid IS NULL AS unjudged
+FROM t0 JOIN paid USING (step)
 """
 
 
@@ -141,9 +145,11 @@ _SUMS = ("count(*) AS n, count(reward) AS n_reward, coalesce(sum(reward), 0) AS 
          "coalesce(sum(reward * reward), 0) AS reward_sq, count(len) AS n_len, "
          "coalesce(sum(len), 0) AS len_sum, count(correct) AS n_checked, "
          "coalesce(sum(correct), 0) AS correct_sum, "
-         "count(*) FILTER (WHERE unearned) AS n_unearned")  # fmt: skip
+         "count(*) FILTER (WHERE unearned) AS n_unearned, "
+         "count(*) FILTER (WHERE unjudged AND correct IS NOT NULL AND reward IS NOT NULL) "
+         "AS n_unjudged")  # fmt: skip
 _TOTALS = ("s_n", "s_n_reward", "s_reward_sum", "s_reward_sq", "s_n_len", "s_len_sum",
-           "s_n_checked", "s_correct_sum", "s_n_unearned")  # fmt: skip
+           "s_n_checked", "s_correct_sum", "s_n_unearned", "s_n_unjudged")  # fmt: skip
 # One scan groups every trajectory by (step, behaviour), with the step's totals alongside; a
 # second reads only the rows of the groups kept, for their distinct prompts and responses
 # (64-bit hashes: cheaper than the texts; NULL is no value, as in Python) and their text.
@@ -325,3 +331,27 @@ def _validation(con: Any, totals: dict[int, StepTotal]) -> None:
 def _counts(sums: dict[str, Any]) -> dict[str, Any]:
     return {k: (float(v) if k.endswith("_sum") or k.endswith("_sq") else int(v))
             for k, v in sums.items()}  # fmt: skip
+
+
+def check_export_part(source: Any, earned_by: str | None) -> None:
+    """:func:`~tracer.readers.habits.earned.check_part` over an export (a folder, a Parquet
+    file, a DataFrame, an Arrow table), in DuckDB: raises ``UnknownPart``."""
+    if earned_by is None:
+        return
+    import duckdb
+
+    from tracer.readers.habits.earned import check_part
+
+    con = duckdb.connect()
+    try:
+        names = _source(con, source)
+        parts: set[str] = set()
+        if "reward_parts" in names:
+            parts = {str(r[0]) for r in con.execute(
+                "SELECT DISTINCT unnest(map_keys(reward_parts)) FROM src").fetchall()}  # fmt: skip
+        counted = con.execute(f"SELECT count({_double('accuracy')}) FROM src").fetchone() if (
+            "accuracy" in names) else None  # fmt: skip
+        has_accuracy = bool(counted and counted[0])
+    finally:
+        con.close()
+    check_part(earned_by, parts, has_accuracy)
