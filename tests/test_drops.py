@@ -148,10 +148,9 @@ def test_a_thread_side_timeout_keeps_the_open_tool_call(tmp_path: Path) -> None:
 
     pool = ThreadPoolExecutor(1)
     try:
-        with pytest.raises(TimeoutError):
-            with tracer.trace_attr(step=3, sample_index=1, rollout_n=0):
-                ctx = contextvars.copy_context()  # the tool call belongs to this trajectory
-                pool.submit(ctx.run, run_code, "while True: pass").result(timeout=0.2)
+        with pytest.raises(TimeoutError), tracer.trace_attr(step=3, sample_index=1, rollout_n=0):
+            ctx = contextvars.copy_context()  # the tool call belongs to this trajectory
+            pool.submit(ctx.run, run_code, "while True: pass").result(timeout=0.2)
     finally:
         release.set()
         pool.shutdown(wait=True)
@@ -187,3 +186,30 @@ def test_an_error_and_an_incomplete_group(tmp_path: Path) -> None:
     assert (steps["dropped"], steps["dropped_error"], steps["incomplete_groups"]) == (1, 1, 1)
     assert steps["dropped_token_share"] == pytest.approx(10 / 100)
     assert not steps["length_bias"]  # the dropped one was the shortest
+
+
+def test_every_backend_keeps_why_it_ended(mlflow_uri: str, weave_server: Any) -> None:
+    """MLflow (tags, read back with MlflowClient), OTLP (root span attributes as the OTLP
+    exporter writes them) and Weave (root call attributes)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tracer.backends.otlp_backend import OtlpExporter
+    from tracer.config import TraceConfig
+    from tracer.testing import InMemoryExporter
+
+    tracer.init(backend=["mlflow", "weave", "memory"], tracking_uri=mlflow_uri,
+                project_name="drops", weave_entity="team", raise_internal_errors=True)
+    assert asyncio.run(_cancelled_rollout()) == (True, True)
+    assert tracer.flush(60)
+    [trace] = search_traces(mlflow_uri, "drops", "tags.end_reason = 'cancelled'")
+    assert trace.info.tags["response_tokens"] == "30"
+    [record] = InMemoryExporter.latest().records
+    memory = InMemorySpanExporter()
+    OtlpExporter(TraceConfig(backend="memory"), span_exporter=memory).export([record])
+    root = next(s for s in memory.get_finished_spans() if s.parent is None)
+    assert root.attributes["mlflow.traceTag.end_reason"] == "cancelled"
+    cut = [s for s in memory.get_finished_spans() if s.attributes.get("cut")]
+    assert len(cut) == 1 and cut[0].name == "generate"
+    [call] = [c for c in weave_server.calls() if c["parent_id"] is None]
+    assert call["attributes"]["end_reason"] == "cancelled"
+    assert call["attributes"]["response_tokens"] == 30
