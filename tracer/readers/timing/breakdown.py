@@ -85,29 +85,21 @@ def breakdown(start_ns: int, end_ns: int, spans: Iterable[Any]) -> dict[str, Any
     """One trajectory's parts in ms (``generate_ms``, ``tool_ms``, ``reward_ms``, ``other_ms``,
     ``gap_ms``, ``tool_ms_by_name``) adding up to ``end_ns - start_ns``, and its slow span
     (``slow_span_id``, ``_kind``, ``_name``, ``_detail``, ``_ms``). Spans still open (no end)
-    count until ``end_ns``. Cost: n log n in the spans (one sort and a heap)."""
+    count until ``end_ns``. Cost: n log n in the spans (sorts and a heap)."""
     end_ns = max(end_ns, start_ns)
-    spans = list(spans)
-    # (clipped start, clipped end, priority, open time, list index, part)
-    intervals: list[tuple[int, int, int, int, int, str]] = []
-    for i, span in enumerate(spans):
-        if span.kind in _CONTAINERS:
-            continue
-        a, b = max(span.start_ns, start_ns), min(span.end_ns or end_ns, end_ns)
-        if b > a:
-            part = _part(span)
-            intervals.append((a, b, _PRIORITY.get(part.split(":", 1)[0], 1), span.start_ns, i,
-                              part))  # fmt: skip
-    parts, by_tool = _attribute(start_ns, end_ns, intervals)
+    spans = [s for s in spans if s.kind not in _CONTAINERS]  # covered by their children
+    ends = [s.end_ns or end_ns for s in spans]
+    parts, by_tool = _attribute(start_ns, end_ns, spans, ends)
     out: dict[str, Any] = {f"{k}_ms": v / 1e6 for k, v in parts.items()}
     out["tool_ms_by_name"] = json.dumps({k: v / 1e6 for k, v in sorted(by_tool.items())})
-    slow, own_ns = _slow_span(spans, end_ns)
+    slow, own_ns = _slow_span(spans, ends)
     if slow is None or parts["gap"] > own_ns:
         # the time between spans outweighs any span's own work: name the gap, not a span
-        out.update(slow_span_id=None, slow_span_kind="gap" if parts["gap"] else None,
-                   slow_span_name="gap" if parts["gap"] else None,
-                   slow_span_detail=GAP_DETAIL if parts["gap"] else None,
-                   slow_span_ms=parts["gap"] / 1e6 if parts["gap"] else None)  # fmt: skip
+        gap = parts["gap"]
+        out.update(slow_span_id=None, slow_span_kind="gap" if gap else None,
+                   slow_span_name="gap" if gap else None,
+                   slow_span_detail=GAP_DETAIL if gap else None,
+                   slow_span_ms=gap / 1e6 if gap else None)  # fmt: skip
         return out
     sid = slow.span_id
     out.update(
@@ -120,59 +112,71 @@ def breakdown(start_ns: int, end_ns: int, spans: Iterable[Any]) -> dict[str, Any
     return out
 
 
-def _attribute(start_ns: int, end_ns: int, intervals: list[tuple[int, int, int, int, int, str]]
+def _attribute(start_ns: int, end_ns: int, spans: list[Any], ends: list[int]
                ) -> tuple[dict[str, int], dict[str, int]]:  # fmt: skip
     """Each instant of [start_ns, end_ns) to one part: the open span of the highest priority,
     the earliest opened among equals; an instant no span covers is ``gap``. A sweep over the
     sorted boundaries with a heap of the open spans (ended ones leave it when they reach the
     top), so the cost is n log n, not n per boundary."""
-    parts = {"generate": 0, "tool": 0, "reward": 0, "other": 0, "gap": 0}
-    by_tool: dict[str, int] = {}
-    intervals.sort()
-    points = sorted({start_ns, end_ns, *(p for iv in intervals for p in iv[:2])})
-    heap: list[tuple[int, int, int, int, str]] = []  # (-priority, open time, index, end, part)
-    nxt = 0
+    opens: list[tuple[int, int, int, int, int]] = []  # (from, -priority, open time, index, to)
+    for i, span in enumerate(spans):
+        a = span.start_ns if span.start_ns > start_ns else start_ns
+        b = ends[i] if ends[i] < end_ns else end_ns
+        if b > a:
+            opens.append((a, -_PRIORITY.get(span.kind, 1), span.start_ns, i, b))
+    opens.sort()
+    points = sorted({start_ns, end_ns, *(o[0] for o in opens), *(o[4] for o in opens)})
+    time_of: dict[int, int] = {}  # span index -> the time it won (a span, not a part, per entry)
+    gap = 0
+    heap: list[tuple[int, int, int, int]] = []  # (-priority, open time, index, to)
+    nxt, n = 0, len(opens)
+    push, pop = heapq.heappush, heapq.heappop
     for a, b in itertools.pairwise(points):
-        while nxt < len(intervals) and intervals[nxt][0] <= a:
-            _, e, prio, opened, i, part = intervals[nxt]
-            heapq.heappush(heap, (-prio, opened, i, e, part))
+        while nxt < n and opens[nxt][0] <= a:
+            _, prio, opened, i, to = opens[nxt]
+            push(heap, (prio, opened, i, to))
             nxt += 1
         while heap and heap[0][3] <= a:
-            heapq.heappop(heap)
-        if not heap:
-            parts["gap"] += b - a
-            continue
-        part = heap[0][4]
-        if part.startswith("tool:"):
-            parts["tool"] += b - a
-            by_tool[part[5:]] = by_tool.get(part[5:], 0) + b - a
+            pop(heap)
+        if heap:
+            i = heap[0][2]
+            time_of[i] = time_of.get(i, 0) + b - a
         else:
-            parts[part] += b - a
+            gap += b - a
+    parts = {"generate": 0, "tool": 0, "reward": 0, "other": 0, "gap": gap}
+    by_tool: dict[str, int] = {}
+    for i, ns in time_of.items():
+        part = _part(spans[i])
+        if part.startswith("tool:"):
+            parts["tool"] += ns
+            by_tool[part[5:]] = by_tool.get(part[5:], 0) + ns
+        else:
+            parts[part] += ns
     return parts, by_tool
 
 
-def _slow_span(spans: list[Any], end_ns: int) -> tuple[Any, int]:
+def _slow_span(spans: list[Any], ends: list[int]) -> tuple[Any, int]:
     """The span with the longest own work: its duration less the time its children cover (a
     leaf's own time is its duration; a reward that waits on an LLM judge owns only the rest;
-    a helper span around a tool call owns almost nothing). Nested trajectories are not
-    candidates. Ties go to the span that opened first. Returns (span or None, own ns)."""
+    a helper span around a tool call owns almost nothing). Ties go to the span that opened
+    first. Returns (span or None, own ns)."""
     children: dict[Any, list[tuple[int, int]]] = {}
-    for span in spans:
-        children.setdefault(span.parent_id, []).append((span.start_ns, span.end_ns or end_ns))
+    for i, span in enumerate(spans):
+        children.setdefault(span.parent_id, []).append((span.start_ns, ends[i]))
     slow: Any = None
-    best = (-1, 0)  # (own ns, -open time)
-    for span in spans:
-        if span.kind in _CONTAINERS:
-            continue
-        a, b = span.start_ns, span.end_ns or end_ns
-        own = max(b - a, 0) - _covered(children.get(span.span_id, ()), a, b)
-        key = (own, -a)
-        if key > best:
-            slow, best = span, key
-    return slow, best[0] if slow is not None else 0
+    best_own, best_start = -1, 0
+    for i, span in enumerate(spans):
+        a, b = span.start_ns, ends[i]
+        own = b - a if b > a else 0
+        kids = children.get(span.span_id)
+        if kids:
+            own -= _covered(kids, a, b)
+        if own > best_own or (own == best_own and a < best_start):
+            slow, best_own, best_start = span, own, a
+    return slow, best_own if slow is not None else 0
 
 
-def _covered(intervals: Iterable[tuple[int, int]], lo: int, hi: int) -> int:
+def _covered(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
     """How much of [lo, hi) the union of ``intervals`` covers."""
     total, reach = 0, lo
     for a, b in sorted(intervals):
