@@ -213,3 +213,24 @@ def test_every_backend_keeps_why_it_ended(mlflow_uri: str, weave_server: Any) ->
     [call] = [c for c in weave_server.calls() if c["parent_id"] is None]
     assert call["attributes"]["end_reason"] == "cancelled"
     assert call["attributes"]["response_tokens"] == 30
+
+
+def test_the_live_metrics_count_the_drops_across_processes(tmp_path: Path) -> None:
+    """``tracer.step_metrics`` (what TRL's log() and verl's Tracking.log get) and a driver's
+    merge of two workers' partials, a group split between them."""
+    tracer.init(backend="jsonl", jsonl_path=str(tmp_path / "t.jsonl"))
+    planted = run_drops(steps=1, samples=4, group=4, turns=(1, 8), limit=5, timeout_s=1.5,
+                        seed=2)  # fmt: skip
+    m = tracer.step_metrics(1)
+    kept, dropped = sum(planted.kept.values()), sum(planted.dropped.values())
+    assert m["timing/dropped"] == len(planted.dropped)
+    assert m["timing/incomplete_groups"] == len({k[1] for k in planted.dropped})
+    assert m["timing/dropped_token_share"] == pytest.approx(dropped / (kept + dropped))
+    part = tracer.live.partial(1)
+    rows = sorted(part["rows"], key=lambda r: (r["sample_key"], r["rollout_n"]))
+    a = dict(part, rows=rows[: len(rows) // 2 + 1], processes={"a": part["processes"]
+                                                                 .popitem()[1]})  # fmt: skip
+    b = dict(part, rows=rows[len(rows) // 2 + 1 :], processes={})
+    merged = tracer.live.metrics(tracer.live.merge([a, b]))
+    for key in ("timing/dropped", "timing/incomplete_groups", "timing/dropped_token_share"):
+        assert merged[key] == pytest.approx(m[key]), key
