@@ -3,8 +3,9 @@ tests/test_verl_agent_loop.py, verl's call sites replayed). verl 0.9.1 ends a ro
 ways: its fully async rollouter cancels the generation task (``generation_task.cancel()``,
 fully_async_rollouter.py), which ``asyncio.gather`` passes to every ``_run_agent_loop`` task
 still running; and a weight sync aborts the engine's requests (``abort_all_requests``), whose
-``generate`` then returns ``TokenOutput(token_ids=[], stop_reason="aborted")`` (vllm_async_server.py)
-and, without partial rollout, is not retried (llm_server.py). Both are kept and counted."""
+``generate`` then returns ``TokenOutput(token_ids=[], stop_reason="aborted")``
+(vllm_async_server.py) and, without partial rollout, is not retried (llm_server.py). Both are
+kept and counted."""
 
 from __future__ import annotations
 
