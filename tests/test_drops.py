@@ -234,3 +234,20 @@ def test_the_live_metrics_count_the_drops_across_processes(tmp_path: Path) -> No
     merged = tracer.live.metrics(tracer.live.merge([a, b]))
     for key in ("timing/dropped", "timing/incomplete_groups", "timing/dropped_token_share"):
         assert merged[key] == pytest.approx(m[key]), key
+
+
+def test_ctrl_c_and_an_engine_abort_read_as_cancelled(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    tracer.init(backend="jsonl", jsonl_path=str(path))
+
+    @tracer.trace_op(kind="generate")
+    def vllm_generate(prompt_ids: list[int]) -> dict[str, Any]:
+        return {"token_ids": [5, 6], "finish_reason": "abort"}  # vLLM: the request was aborted
+
+    with pytest.raises(KeyboardInterrupt), tracer.trace_attr(step=1, sample_index=0, rollout_n=0):
+        raise KeyboardInterrupt
+    with tracer.trace_attr(step=1, sample_index=1, rollout_n=0):
+        vllm_generate([1, 2])
+    assert tracer.flush(30)
+    reasons = {r.sample_index: r.attributes["end_reason"] for r in read_jsonl(path)}
+    assert reasons == {0: "cancelled", 1: "cancelled"}

@@ -181,3 +181,25 @@ def test_ten_thousand_spans() -> None:
         tool_total / MS)
     total = sum(out[f"{p}_ms"] for p in ("generate", "tool", "reward", "other", "gap"))
     assert total == pytest.approx(t / MS, abs=1e-6)
+
+
+def test_the_report_lists_every_straggler_or_says_how_many_more() -> None:
+    from tracer.readers.timing.report import LISTED_STRAGGLERS, time_panel
+
+    def row(i: int, step: int, ms: float) -> dict[str, Any]:
+        return {"trace_id": f"{step}-{i}", "step": step, "validate": False, "latency_ms": ms,
+                "generate_ms": ms, "tool_ms": 0.0, "reward_ms": 0.0, "other_ms": 0.0,
+                "gap_ms": 0.0, "tool_ms_by_name": "{}", "slow_span_kind": "generate",
+                "slow_span_name": "generate", "slow_span_ms": ms, "slow_span_id": f"s{i}",
+                "slow_span_detail": "3 tokens"}  # fmt: skip
+
+    many = LISTED_STRAGGLERS + 5
+    rows = [row(i, 1, 10.0) for i in range(40)] + [row(100 + i, 1, 500.0 + i) for i in range(many)]
+    rows += [row(i, 2, 10.0) for i in range(40)] + [row(100 + i, 2, 500.0) for i in range(8)]
+    html, linked = time_panel(pd.DataFrame(rows))
+    one = html.split('<tr data-step="1">', 1)[1].split("</tr>", 1)[0]
+    two = html.split('<tr data-step="2">', 1)[1].split("</tr>", 1)[0]
+    assert one.count('class="straggler-link"') == LISTED_STRAGGLERS
+    assert '5 more in the explorer\'s Time tab' in one and '/#/time?step=1"' in one
+    assert two.count('class="straggler-link"') == 8 and "more in the explorer" not in two
+    assert len(linked) == LISTED_STRAGGLERS + 8
