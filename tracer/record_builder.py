@@ -42,7 +42,6 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     rollout_logprobs: list[float] = []
     tokenizer = tokenizer if tokenizer is not None else trajectory_tokenizer(traj)
     reason = end_reason_of(None, traj.error)
-    generated: int | None = None  # tokens the generate calls returned, so far
     aborted = False  # the last generate call came back aborted by the engine (verl, vLLM)
     for span in recorded:
         attrs = _to_attrs(span.attributes, limits)
@@ -74,9 +73,6 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
             if lps:
                 rollout_logprobs.extend(lps)
             if span.error is None:
-                n = _response_count(span, attrs)
-                if n is not None:
-                    generated = (generated or 0) + n
                 aborted = is_aborted(finish) or is_aborted(_find_field(span.outputs,
                                                                        "stop_reason"))
         if span.kind == "tool":
@@ -106,10 +102,14 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     }
     if reason == "completed" and aborted:
         reason = "cancelled"  # verl drops a sample its engine aborted (no partial rollout)
-    # why it ended and its length so far: root span attributes and (filterable) trace tags
+    # why it ended (and a dropped one's length so far): root span attributes and trace tags
     ended: dict[str, Any] = {"end_reason": reason}
-    if generated is not None:
-        ended["response_tokens"] = generated
+    if reason != "completed":  # counted here for drops only: readers count the others' spans
+        counts = [_response_count(span, record.attributes) for span, record in
+                  zip(recorded, spans, strict=True) if span.kind == "generate"
+                  and span.error is None]  # fmt: skip
+        if any(n is not None for n in counts):
+            ended["response_tokens"] = sum(n for n in counts if n is not None)
     spans[0].attributes.update(ended)
     attributes.update(ended)
     if rollout_logprobs:  # per trajectory: root span attributes and (filterable) trace tags
