@@ -117,8 +117,12 @@ def test_a_timeout_that_kills_the_longest_is_counted_and_flagged(tmp_path: Path)
                           "--path", str(tmp_path / "export"), "--json"],
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert out.returncode in (0, 1), out.stderr
-    found = json.loads(out.stdout)
-    assert "dropped_longer" in json.dumps(found) and "incomplete_groups" in json.dumps(found)
+    steps_flagged = {f["flag"]: f for f in json.loads(out.stdout)["steps"]}
+    bias = steps_flagged["dropped_longer"]
+    assert sorted(bias["trace_ids"]) == sorted(traj[traj["end_reason"] == "timeout"]["trace_id"])
+    assert bias["value"] == pytest.approx(row["dropped_token_share"], abs=1e-4)
+    assert "% of the generated tokens never trained on; kept mean" in bias["detail"]
+    assert steps_flagged["incomplete_groups"]["value"] == len(short)
 
 
 def limit_tokens(turns: int) -> int:

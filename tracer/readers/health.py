@@ -108,6 +108,7 @@ class StepFlag:
     name: str
     value: float  # the measured value the rule compared with its threshold
     trace_ids: list[str] = field(default_factory=list)
+    detail: str = ""  # the numbers behind it, for people (the drop rules')
 
 
 @dataclass
@@ -286,18 +287,19 @@ def _step_rules(
 def _drop_rules(members: list[Mapping[str, Any]]) -> list[StepFlag]:
     """``dropped_longer`` (value: the dropped share of the step's tokens) and
     ``incomplete_groups`` (value: how many), from :func:`~.timing.drops.step_drops`."""
-    from tracer.readers.timing.drops import step_drops
+    from tracer.readers.timing.drops import drops_line, step_drops
 
     d = step_drops(members)
     out = []
+    line = drops_line(d)
     if d["length_bias"]:
         out.append(StepFlag(None, False, "dropped_longer", d["dropped_token_share"] or 0.0,
-                            d["dropped_trace_ids"]))  # fmt: skip
+                            d["dropped_trace_ids"], line))  # fmt: skip
     if d["incomplete_groups"]:
         short = set(d["incomplete_group_keys"])
         dropped = set(d["dropped_trace_ids"])
         hit = [i for i, r in _pairs(members) if i in dropped
                and str(r.get("sample_key", r.get("sample_index"))) in short]  # fmt: skip
         out.append(StepFlag(None, False, "incomplete_groups", float(d["incomplete_groups"]),
-                            hit))  # fmt: skip
+                            hit, line))  # fmt: skip
     return out
