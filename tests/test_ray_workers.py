@@ -191,3 +191,7 @@ def test_ray_run_driver_does_the_trainer_pass(
     [run] = client.search_runs([exp.experiment_id])
     for name in ("rollout_corr/kl", "rollout_corr/k3_kl", "perf/trainer_pass_s"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [1], name
+    # the tracer's live analysis, the worker's partial merged in the driver: in MLflow at step 1
+    for name in ("patterns/top_share", "timing/generate_share", "timing/wall_p50_s"):
+        [m] = client.get_metric_history(run.info.run_id, name)
+        assert m.step == 1 and 0 < m.value <= (1 if "share" in name else 600), (name, m)

@@ -100,6 +100,11 @@ def check_api_step(ns: dict[str, Any], printed: str) -> None:
     ]
 
 
+def check_step_metrics(ns: dict[str, Any], printed: str) -> None:
+    # one wrong answer paid in four is no pattern (a group needs 5 a step and half unearned)
+    assert printed.splitlines() == ["1 4.0 0.0", "2 4.0 0.0"]
+
+
 def check_api_inside(ns: dict[str, Any], printed: str) -> None:
     assert printed.splitlines() == ["None", "['query'] True"]
 
@@ -123,6 +128,7 @@ SNIPPETS: dict[tuple[str, str], tuple[Callable[[], None] | None, Callable[..., N
     ("docs/export-schema.md", "Export schema (version 1)"): (store_gsm8k_step_3, check_read_tables),
     ("docs/api.md", "A traced step, read back"): (None, check_api_step),
     ("docs/api.md", "Inside an op"): (None, check_api_inside),
+    ("docs/api.md", "`step_metrics`"): (None, check_step_metrics),
     ("docs/upgrading.md", "Removed configuration keys"): (None, check_removed_key),
     ("docs/troubleshooting.md", "A misspelt variable"): (None, check_misspelt_variable),
 }

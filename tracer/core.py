@@ -204,11 +204,10 @@ class Tracer:
 class _NotWatched:
     """The open-trajectory set of a tracer without a watchdog: keeps nothing."""
 
-    def add(self, traj: Any) -> None:
+    def add(self, item: Any) -> None:
         pass
 
-    def ended(self, traj: Any) -> None:
-        pass
+    ended = watch = unwatch = add
 
 
 _NOT_WATCHED = _NotWatched()

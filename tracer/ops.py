@@ -79,7 +79,7 @@ class trace_attr:
             await agent_loop.run(messages)
     """
 
-    __slots__ = ("_token", "_traj", "kwargs")
+    __slots__ = ("_start_ns", "_token", "_traj", "_watched", "kwargs")
 
     def __init__(
         self,
@@ -110,6 +110,8 @@ class trace_attr:
         )
         self._token: Token[_Frame] | None = None
         self._traj: Trajectory | None = None
+        self._watched: Any = None  # the watchdog's set, while an unsampled one is open
+        self._start_ns = 0
 
     def __enter__(self) -> Trajectory | None:
         (step, sample_index, rollout_n, validate, name, trace, policy_version, attrs,
@@ -126,6 +128,10 @@ class trace_attr:
                                                attempt)  # fmt: skip
                 tracer.open_trajectories.add(traj)  # the watchdog's (tracer/watchdog.py)
                 frame = (traj, traj.root_id)
+            else:  # not recorded, but watched all the same: a stuck rollout is reported
+                self._start_ns = time_ns()
+                self._watched = watched = tracer.open_trajectories
+                watched.watch(self)
         self._token = _current.set(frame)
         return self._traj
 
@@ -136,6 +142,10 @@ class trace_attr:
             except ValueError:  # exited in another context (a generator resumed elsewhere)
                 _current.set(OUTSIDE)
             self._token = None
+        watched = self._watched
+        if watched is not None:
+            self._watched = None
+            watched.unwatch(self)
         traj = self._traj
         if traj is not None:
             self._traj = None

@@ -1,18 +1,23 @@
 """The stuck-trajectory watchdog: reports, once and while it still runs, a trajectory open far
 too long.
 
-The hot path does one thing for it: ``trace_attr`` adds the trajectory to its tracer's set of
-open trajectories when it opens (one C call). This module's thread looks at that set every
-tick, on its own: it never touches the rollout's threads. A trajectory that has ended (its end
+It watches every rollout, sampled or not. The hot path does one thing for it: ``trace_attr``
+adds the trajectory to its tracer's set of open trajectories when it opens (one C call); a
+rollout the sampler leaves out is not recorded, but its ``trace_attr`` (which holds its step,
+sample and attributes) and its start time are put in a dict as it opens and taken out as it
+closes. This module's thread looks at both every tick, on its own: it never touches the
+rollout's threads. A trajectory that has ended (its end
 timestamp, which ``trace_attr`` takes anyway, is set) leaves the set there, and its wall time
 counts towards its step's typical one. One still open is stuck when it has been open longer
 than ``stuck_after_s``, or longer than ``TYPICAL_FACTOR`` times its step's typical wall time
 (the median of the step's ended trajectories, once ``MIN_TYPICAL`` have ended) and at least
 ``TYPICAL_FLOOR_S``. An ended trajectory stays referenced until the next tick (at most a
 second), as it does in the pipeline's buffer. Each stuck trajectory is reported once: one log line
-naming its tags, trace id and open span (a tool call's name and arguments), and the counter
-``tracer/stuck_trajectories``. The loop is guarded (an error is counted, logged once, and the
-loop goes on) and restarts in a forked child.
+naming its sample and GRPO group (step, sample_index, rollout_n), its tags, the worker (host,
+pid, the Ray actor it runs in, the ``RANK`` torchrun and accelerate set), its trace id and open
+span (a tool call's name and arguments; an unsampled rollout has no trace and no spans), and
+the counter ``tracer/stuck_trajectories``. The loop is guarded (an error is counted, logged
+once, and the loop goes on) and restarts in a forked child.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import collections
 import json
 import logging
 import os
+import socket
 import statistics
+import sys
 import threading
 import time
 import weakref
@@ -52,9 +59,37 @@ class OpenTrajectories(set):  # type: ignore[type-arg]
             maxlen=_ENDED_KEPT
         )
 
+        # rollouts the sampler left out, open now: id(trace_attr) -> trace_attr (its kwargs
+        # and _start_ns are what a report names)
+        self.unsampled: dict[int, Any] = {}
+
     def ended(self, traj: Any) -> None:
         self.discard(traj)
         self.walls.append((traj.step, bool(traj.validate), (traj.end_ns - traj.start_ns) / 1e9))
+
+    def watch(self, attr: Any) -> None:
+        self.unsampled[id(attr)] = attr
+
+    def unwatch(self, attr: Any) -> None:
+        self.unsampled.pop(id(attr), None)
+
+
+def worker_description() -> str:
+    """``host=h pid=1 ray_actor=Name rank=0``: where a rollout runs. The Ray actor only when Ray
+    is already imported and this process is one of its actors; the rank from ``RANK``."""
+    out = f"host={socket.gethostname()} pid={os.getpid()}"
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        try:
+            if ray.is_initialized():
+                ctx = ray.get_runtime_context()
+                actor = ctx.get_actor_name() or ctx.get_actor_id()
+                if actor:
+                    out += f" ray_actor={actor}"
+        except Exception:  # an older Ray, a driver: the host and pid say enough
+            pass
+    rank = os.environ.get("RANK")
+    return out if rank is None else f"{out} rank={rank}"
 _ARGS_CHARS = 300
 
 
@@ -100,6 +135,7 @@ class Watchdog:
         running = self.thread is not None and not self._stop.is_set()
         self.open.clear()
         self.open.walls.clear()
+        self.open.unsampled.clear()
         self._init_state()
         if running:
             self.start()
@@ -116,6 +152,7 @@ class Watchdog:
         if thread is not None and thread is not threading.current_thread():
             thread.join(2.0)
         self.open.clear()  # nothing reads it any more: hold no trajectory
+        self.open.unsampled.clear()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -152,16 +189,20 @@ class Watchdog:
         ended = self.open.walls
         for _ in range(len(ended)):  # ended since the last tick: their wall times are typical
             self._finished(*ended.popleft())
-        current = {}
+        current: dict[int, tuple[int, Any, Any]] = {}
         for traj in list(self.open):  # list(set): one C call, atomic under the GIL
             if not traj.end_ns:  # ended but not yet out of the set (trace_attr's exit)
-                current[id(traj)] = traj
+                current[id(traj)] = (traj.start_ns, traj.step, traj.validate)
+        for key, attr in list(self.open.unsampled.items()):  # one C call too
+            start_ns = attr._start_ns
+            if start_ns:  # 0: closed since
+                current[key] = (start_ns, attr.kwargs[0], attr.kwargs[3])
         self.reported &= current.keys()
         stuck = 0
-        for key, traj in current.items():
-            age_s = (now_ns - traj.start_ns) / 1e9
+        for key, (start_ns, step, validate) in current.items():
+            age_s = (now_ns - start_ns) / 1e9
             limit = self.limit_s
-            typical = self.typical_s(traj.step, traj.validate)
+            typical = self.typical_s(step, validate)
             if typical is not None:
                 limit = min(limit, max(TYPICAL_FACTOR * typical, TYPICAL_FLOOR_S))
             if age_s <= limit:
@@ -170,21 +211,33 @@ class Watchdog:
             if key not in self.reported:
                 self.reported.add(key)
                 self.stuck_total += 1
-                self._report(traj, age_s, typical, now_ns)
+                self._report(key, age_s, typical, now_ns)
         self.stuck_open = stuck
 
-    def _report(self, traj: Any, age_s: float, typical: float | None, now_ns: int) -> None:
-        spans = [s for s in list(traj.spans) if not s.end_ns]
-        what = describe_span(spans[-1], now_ns) if spans else "no span open"
+    def _report(self, key: int, age_s: float, typical: float | None, now_ns: int) -> None:
+        traj = next((t for t in list(self.open) if id(t) == key), None)
+        if traj is not None:
+            spans = [s for s in list(traj.spans) if not s.end_ns]
+            what = describe_span(spans[-1], now_ns) if spans else "no span open"
+            step, sample, n, validate, attempt = (traj.step, traj.sample_index, traj.rollout_n,
+                                                  traj.validate, traj.attempt)  # fmt: skip
+            attributes, trace = traj.attributes, f"trace_id={traj.trace_id}"
+        else:
+            attr = self.open.unsampled.get(key)
+            if attr is None:  # closed just now
+                return
+            step, sample, n, validate, _, _, _, attributes, attempt = attr.kwargs
+            trace, what = "not sampled (no trace)", "not recorded"
         why = f"stuck_after_s={self.limit_s:g}"
         if typical is not None:
             why += f"; its step's typical {typical:.2f} s"
-        attrs = "".join(f" {k}={v!r}" for k, v in (traj.attributes or {}).items())
+        attrs = "".join(f" {k}={v!r}" for k, v in (attributes or {}).items())
         log.warning(
             "rollout-tracer: trajectory still open after %.1f s (%s): step=%s sample_index=%s "
-            "rollout_n=%s validate=%s attempt=%s%s trace_id=%s; open span: %s",
-            age_s, why, traj.step, traj.sample_index, traj.rollout_n, traj.validate,
-            traj.attempt, attrs, traj.trace_id, what)  # fmt: skip
+            "rollout_n=%s (group: step %s, sample %s) validate=%s attempt=%s%s; worker: %s; "
+            "%s; open span: %s",
+            age_s, why, step, sample, n, step, sample, validate, attempt or 0, attrs,
+            worker_description(), trace, what)  # fmt: skip
 
     def metrics(self) -> dict[str, Any]:
         return {

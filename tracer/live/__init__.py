@@ -107,15 +107,30 @@ def _counters(part: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _patterns(part: Mapping[str, Any], thresholds: Any = None) -> Any:
-    """The pattern rules' verdict on the part's step (None: no training trajectory in it)."""
+Settled = dict[int, tuple[list[Any], Any]]  # step -> (its groups, its total): aggregated once
+
+
+def _patterns(part: Mapping[str, Any], thresholds: Any = None,
+              settled: Settled | None = None) -> Any:  # fmt: skip
+    """The pattern rules' verdict on the part's step (None: no training trajectory in it).
+    ``settled``: training steps already grouped (one process's, tracer.step_metrics), whose
+    training rows are then not grouped again."""
     from tracer.readers.habits.patterns import PatternThresholds, aggregate, analyze
 
     th = thresholds or PatternThresholds()
     step = int(part["step"])
     first = step - (th.window + th.smooth)  # the rules look no further back
-    rows = [r for r in part.get("rows") or () if first < int(r["step"]) <= step]
+    settled = settled or {}
+    rows = [r for r in part.get("rows") or () if first < int(r["step"]) <= step
+            and (r.get("validate") or int(r["step"]) not in settled)]  # fmt: skip
     groups, totals = aggregate(rows, th.earned_by, th.earned, th.min_count)
+    for old, (old_groups, total) in settled.items():
+        if first < old <= step:
+            mine = totals.get(old)  # a validation pass at that step: its fields stay
+            if mine is not None:
+                total.val_n, total.val_sum, total.val_sq = mine.val_n, mine.val_sum, mine.val_sq
+            totals[old] = total
+            groups.extend(old_groups)
     if step not in totals or not totals[step].n:
         return None
     return analyze(groups, totals, th, last_only=True)
@@ -125,12 +140,16 @@ def metrics(part: Mapping[str, Any], thresholds: Any = None) -> dict[str, float]
     """A (merged) partial as tracker numbers: ``patterns/*`` (training steps), ``timing/*``,
     ``tracer/*`` (``tracer/stuck_trajectories`` among them); ``thresholds``: the pattern
     rules' (:class:`~tracer.readers.habits.patterns.PatternThresholds`)."""
+    return _metrics(part, thresholds, None)
+
+
+def _metrics(part: Mapping[str, Any], thresholds: Any, settled: Settled | None) -> dict[str, float]:
     from tracer.readers.timing.breakdown import step_summaries, tracker_metrics
 
     step, validate = int(part["step"]), bool(part.get("validate"))
     m: dict[str, float] = {}
     if not validate:
-        found = _patterns(part, thresholds)
+        found = _patterns(part, thresholds, settled)
         if found is not None:
             m.update(found.step_metrics(step))
     mine = [r for r in part.get("rows") or ()
@@ -161,7 +180,16 @@ def step_metrics(step: int, *, validate: bool = False, timeout_s: float = 10.0) 
             run_rollouts(step)
             logger.log(tracer.step_metrics(step), step=step)
     """
-    return metrics(partial(step, validate=validate, timeout_s=timeout_s))
+    from tracer.core import get_tracer
+
+    pipeline = get_tracer().pipeline
+    live = pipeline.live if pipeline is not None else None
+    if live is None:
+        return metrics(partial(step, validate=validate, timeout_s=timeout_s))
+    # the same numbers, cheaper: each training step grouped once (again when rows came since)
+    part = partial(step, validate=validate, history=False, timeout_s=timeout_s)
+    part["rows"] += live.rows_before(int(step), validate=True)  # validation passes: few
+    return _metrics(part, None, live.settled(int(step) + 1))
 
 
 __all__ = ["merge", "metrics", "partial", "step_metrics", "top_pattern"]

@@ -22,6 +22,9 @@ class LiveSteps:
         # (validate, step) -> rows, oldest step first within each validate flag
         self.steps: dict[tuple[bool, int], list[dict[str, Any]]] = {}
         self.counts: collections.Counter[str] = collections.Counter()
+        # step -> (rows grouped, its groups and total): training steps grouped once, for
+        # tracer.step_metrics (this process's rows are all its step has)
+        self._settled: dict[int, tuple[int, list[Any], Any]] = {}
 
     def observe(self, record: Any) -> None:
         """Add one built trajectory (its row is made here, outside the lock)."""
@@ -61,6 +64,34 @@ class LiveSteps:
         with self.lock:
             return [row for (_, s), rows in sorted(self.steps.items(), key=lambda kv: kv[0][1])
                     if s == step or (history and s < step) for row in rows]  # fmt: skip
+
+    def rows_before(self, step: int, validate: bool) -> list[dict[str, Any]]:
+        """The rows of the kept steps before ``step``, training or validation ones."""
+        with self.lock:
+            return [row for (v, s), rows in self.steps.items() if v == validate and s < step
+                    for row in rows]  # fmt: skip
+
+    def settled(self, before: int) -> dict[int, tuple[list[Any], Any]]:
+        """The kept training steps before ``before``, each grouped by behaviour once (the
+        readers' ``aggregate`` with the default thresholds), again only when rows came since."""
+        import dataclasses
+
+        from tracer.readers.habits.patterns import PatternThresholds, aggregate
+
+        th = PatternThresholds()
+        with self.lock:
+            wanted = {s: rows for (v, s), rows in self.steps.items() if not v and s < before}
+            self._settled = {s: e for s, e in self._settled.items() if s in wanted}
+        out = {}
+        for s, rows in wanted.items():
+            n = len(rows)  # rows are only ever appended
+            entry = self._settled.get(s)
+            if entry is None or entry[0] != n:
+                groups, totals = aggregate(rows[:n], th.earned_by, th.earned, th.min_count)
+                entry = self._settled[s] = (n, groups, totals.get(s))
+            if entry[2] is not None:  # the rules read the groups; a validation pass is
+                out[s] = (entry[1], dataclasses.replace(entry[2]))  # written on the total
+        return out
 
     def metrics(self) -> dict[str, int]:
         with self.lock:

@@ -65,8 +65,8 @@ def _part(span: Any) -> str:
 
 def span_detail(span: Any) -> str:
     """What a slow span did: a tool call's arguments (JSON), a generate call's token count."""
-    inputs = plain(getattr(span, "inputs", None))
-    if span.kind == "tool":
+    if span.kind == "tool":  # (a generate call's inputs, its prompt ids, are not decoded)
+        inputs = plain(getattr(span, "inputs", None))
         args = inputs.get("arguments", inputs) if isinstance(inputs, dict) else inputs
         text = json.dumps(args, ensure_ascii=False, default=str, sort_keys=True)
         return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
