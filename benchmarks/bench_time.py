@@ -6,12 +6,20 @@ reads the steps table (curves, then cached); the others are random steps.
 
     python -m benchmarks.bench_time --n 1000000 --data /tmp/explore-1m   # the 200 ms p95 goal
     python -m benchmarks.bench_time --n 50000                            # a busy 2-core machine
+
+``--spans N,...`` measures instead one trajectory's breakdown (``breakdown.breakdown``: its parts
+and slow span) over N spans: turns of a helper span around a generate call and a tool call with
+a parse inside, listed shuffled; the best of ``--repeat`` runs (the goal: 10,000 spans in under
+0.1 s). ``--record`` stores the 10,000-span figure in benchmarks/figures.json.
+
+    python -m benchmarks.bench_time --spans 500,1000,2000,10000 --record
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -61,13 +69,70 @@ def measure(folder: str, requests: int, compact: bool, cache: str) -> dict[str, 
     }
 
 
+def trajectory_spans(n: int, seed: int = 0) -> tuple[int, list[Any]]:
+    """(end_ns, spans) of one trajectory of ``n`` spans (a multiple of 4), starting at 0."""
+    from tracer.record import SpanRecord
+
+    rng = random.Random(seed)
+    spans: list[Any] = []
+    t = 0
+    for turn in range(n // 4):
+        g, k = rng.randrange(1, 50) * 10**6, rng.randrange(1, 50) * 10**6
+        h = f"h{turn}"
+        spans += [SpanRecord(h, "root", "execute_tool_calls", "other", t, t + g + k + 10**6),
+                  SpanRecord(f"g{turn}", h, "generate", "generate", t, t + g),
+                  SpanRecord(f"t{turn}", h, "call_tool", "tool", t + g, t + g + k,
+                             inputs={"name": "python", "arguments": {"turn": turn}}),
+                  SpanRecord(f"p{turn}", f"t{turn}", "parse", "parse", t + g, t + g + 1)]
+        t += g + k + 2 * 10**6
+    rng.shuffle(spans)
+    return t, spans
+
+
+def span_cost(sizes: list[int], repeat: int) -> dict[str, dict[str, float]]:
+    """Milliseconds (best of ``repeat``) of one trajectory's breakdown, by span count: the
+    thread's CPU time (what the work costs; a shared machine's queue for the CPU is left out)
+    and the wall time."""
+    from tracer.readers.timing.breakdown import breakdown
+
+    out = {}
+    for n in sizes:
+        end, spans = trajectory_spans(n)
+        cpu = wall = math.inf
+        for _ in range(repeat):
+            c0, w0 = time.thread_time(), time.perf_counter()
+            breakdown(0, end, spans)
+            cpu = min(cpu, time.thread_time() - c0)
+            wall = min(wall, time.perf_counter() - w0)
+        out[str(n)] = {"cpu_ms": round(cpu * 1e3, 1), "wall_ms": round(wall * 1e3, 1)}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spans", default=None, help="N,N,...: one trajectory's breakdown cost")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--record", action="store_true", help="--spans: store the 10,000 figure")
     p.add_argument("--n", type=int, default=50_000)
     p.add_argument("--data", default=None, help="reuse or keep the generated export here")
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.spans:
+        sizes = [int(x) for x in args.spans.split(",")]
+        cost = span_cost(sizes, args.repeat)
+        print(json.dumps({"ms_by_spans": cost}, indent=1))
+        if args.record and "10000" in cost:
+            from benchmarks.figures import record
+
+            ten = cost["10000"]
+            record("breakdown-10k-spans",
+                   f"{ten['cpu_ms']:.0f} ms CPU ({ten['wall_ms']:.0f} ms wall) for one "
+                   "trajectory of 10,000 spans",
+                   figure="the time breakdown and slow span of one trajectory of 10,000 spans "
+                   "(best of 5)", command="python -m benchmarks.bench_time --spans "
+                   "500,1000,2000,10000 --record")  # fmt: skip
+        return
     from benchmarks.explore_data import generate
 
     tmp = tempfile.mkdtemp(prefix="bench-time-")

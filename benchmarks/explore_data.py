@@ -210,6 +210,7 @@ class Generator:
             "accuracy": reward,
             "flags": flags,
             "kept_by": kept,
+            "end_reason": ["completed"] * count,
         }
         rep = np.repeat(np.arange(count), TURNS)
         pos = np.tile(np.arange(TURNS), count)

@@ -141,7 +141,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
         }  # fmt: skip
         steps = [
             {"step": f.step, "validate": f.validate, "flag": f.name, "value": round(f.value, 4),
-             "trace_ids": f.trace_ids}
+             "trace_ids": f.trace_ids, "detail": f.detail}
             for f in health.steps
         ]  # fmt: skip
         out: dict[str, Any] = {"flags": flags, "steps": steps, "not_judged": health.notes(),
@@ -180,6 +180,10 @@ def _print_health(health: Any, counts: dict[str, dict[Any, int]], trajectories: 
         print(f"  {name:<28} {sum(per_step.values()):>5} trajectories ({level}; per step "
               f"{where})")  # fmt: skip
         print(f"      {MEANINGS.get(name, '')}")
+        for f in health.steps:  # the numbers behind a step flag, where its rule gives them
+            if f.name == name and f.detail:
+                kind = "validation" if f.validate else "training"
+                print(f"      step {f.step} ({kind}): {f.detail}")
         for trace_id in health.examples(name, examples):
             kind = "validation" if trace_id in validation else "training"
             print(f"      tr-{trace_id}  (step {health.step_of.get(trace_id)}, {kind})")

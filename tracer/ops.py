@@ -152,6 +152,7 @@ class trace_attr:
             traj.end_ns = time_ns()
             if exc is not None:
                 traj.error = exc
+            _cut_open_spans(traj)
             traj.tracer.open_trajectories.ended(traj)  # the watchdog's (tracer/watchdog.py)
             traj.tracer.submit(traj)
 
@@ -160,6 +161,16 @@ class trace_attr:
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self.__exit__(exc_type, exc, tb)
+
+
+def _cut_open_spans(traj: Trajectory) -> None:
+    """Close the spans still open as their trajectory ends (a tool call a timeout left running
+    in its thread, a task nobody awaited) at the trajectory's end, marked ``cut``: the record
+    keeps what the trajectory had when it ended, and the call's own late end is ignored."""
+    for span in traj.spans:
+        if not span.end_ns:
+            span.end_ns = traj.end_ns
+            span.set_attr("cut", True)
 
 
 def _begin(traj: Trajectory, parent_id: int, op: _OpInfo, args: tuple[Any, ...],
@@ -202,6 +213,8 @@ def _begin(traj: Trajectory, parent_id: int, op: _OpInfo, args: tuple[Any, ...],
 
 
 def _finish(traj: Trajectory, span: Span, result: Any) -> None:
+    if span.end_ns:  # cut when its trajectory ended (_cut_open_spans): keep it as it was then
+        return
     span.end_ns = t0 = time_ns()
     if type(result) is str:  # the most common result (a tool's): shared, only counted
         span.outputs = result
@@ -214,6 +227,8 @@ def _finish(traj: Trajectory, span: Span, result: Any) -> None:
 
 
 def _fail(span: Span, exc: BaseException) -> None:
+    if span.end_ns:  # cut when its trajectory ended (_cut_open_spans)
+        return
     span.end_ns = time.time_ns()
     span.error = exc
 

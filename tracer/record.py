@@ -40,6 +40,37 @@ KINDS: dict[str, str] = {
 STYLE_KEY = "rollout_tracer.style"
 
 
+# Why a trajectory ended (the ``end_reason`` tag and column): ``completed``, or how it was cut.
+END_REASONS = ("completed", "cancelled", "timeout", "error")
+_TIMEOUTS = ("TimeoutError", "ReadTimeout", "ConnectTimeout", "TimeoutExpired")
+_ABORTED = ("abort", "aborted")  # vLLM's finish reason and verl's stop reason of an aborted request
+
+
+def end_reason_of(error_type: str | None, error: BaseException | None = None) -> str:
+    """``completed`` (no error), ``cancelled`` (asyncio's ``CancelledError``, ``KeyboardInterrupt``
+    and other ``BaseException``s that are not errors), ``timeout`` (``TimeoutError``, which
+    ``asyncio.wait_for`` and ``concurrent.futures`` raise, and the like) or ``error``. By the
+    exception itself where there is one, else by its type's name (a stored record's error)."""
+    if error is not None:
+        if isinstance(error, TimeoutError) or type(error).__name__ in _TIMEOUTS:
+            return "timeout"
+        if not isinstance(error, Exception):  # CancelledError is a BaseException since 3.8
+            return "cancelled"
+        return "cancelled" if type(error).__name__ == "CancelledError" else "error"
+    if error_type is None:
+        return "completed"
+    if error_type in _TIMEOUTS:
+        return "timeout"
+    if error_type in ("CancelledError", "KeyboardInterrupt", "GeneratorExit", "SystemExit"):
+        return "cancelled"
+    return "error"
+
+
+def is_aborted(finish_reason: Any) -> bool:
+    """Whether an engine's finish (vLLM) or stop (verl) reason says the request was aborted."""
+    return isinstance(finish_reason, str) and finish_reason.lower() in _ABORTED
+
+
 def is_verl_style(attributes: dict[str, Any]) -> bool:
     return str(attributes.get(STYLE_KEY, "")).startswith("verl")
 

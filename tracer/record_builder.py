@@ -12,7 +12,7 @@ import orjson
 
 from tracer.fast_decode import fast_decoder
 from tracer.jsonable import Limits, render_snapshot, safe_repr, to_jsonable, truncation_marker
-from tracer.record import SpanRecord, TrajectoryRecord, is_verl_style
+from tracer.record import SpanRecord, TrajectoryRecord, end_reason_of, is_aborted, is_verl_style
 from tracer.snapshot import Json, ObjectSnapshot, Truncated, json_bytes, json_value
 from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
 
@@ -41,12 +41,17 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     spans: list[SpanRecord] = []
     rollout_logprobs: list[float] = []
     tokenizer = tokenizer if tokenizer is not None else trajectory_tokenizer(traj)
+    reason = end_reason_of(None, traj.error)
+    aborted = False  # the last generate call came back aborted by the engine (verl, vLLM)
     for span in recorded:
         attrs = _to_attrs(span.attributes, limits)
         end_ns = span.end_ns
         if end_ns == 0:  # still open when the trajectory ended (abandoned generator, leaked task)
             end_ns = root.end_ns or span.start_ns
             attrs["unfinished"] = True
+        if span is not root and (span.end_ns == 0 or (
+                span.error is not None and end_reason_of(None, span.error) != "error")):
+            attrs["cut"] = True  # ended by the cancel or timeout that ended the trajectory
         inputs = render_snapshot(span.inputs, limits)
         outputs = render_snapshot(span.outputs, limits)
         if config.token2text and verl:
@@ -67,6 +72,9 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
             lps = _encode_logprobs(span, outputs, attrs)
             if lps:
                 rollout_logprobs.extend(lps)
+            if span.error is None:
+                aborted = is_aborted(finish) or is_aborted(_find_field(span.outputs,
+                                                                       "stop_reason"))
         if span.kind == "tool":
             attrs.setdefault("tool_name", _tool_name(span))
         parent = span.parent_id
@@ -92,6 +100,18 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     attributes = {
         str(k): to_jsonable(v, limits) for k, v in traj.attributes.items() if k != "reward"
     }
+    if reason == "completed" and aborted:
+        reason = "cancelled"  # verl drops a sample its engine aborted (no partial rollout)
+    # why it ended (and a dropped one's length so far): root span attributes and trace tags
+    ended: dict[str, Any] = {"end_reason": reason}
+    if reason != "completed":  # counted here for drops only: readers count the others' spans
+        counts = [_response_count(span, record.attributes) for span, record in
+                  zip(recorded, spans, strict=True) if span.kind == "generate"
+                  and span.error is None]  # fmt: skip
+        if any(n is not None for n in counts):
+            ended["response_tokens"] = sum(n for n in counts if n is not None)
+    spans[0].attributes.update(ended)
+    attributes.update(ended)
     if rollout_logprobs:  # per trajectory: root span attributes and (filterable) trace tags
         finite = [v for v in rollout_logprobs if math.isfinite(v)]
         if finite:
@@ -117,6 +137,21 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         attributes,
         spans,
     )
+
+
+def _response_count(span: Span, attrs: dict[str, Any]) -> int | None:
+    """How many tokens a generate call returned: token2text's count, else the length of the
+    ids in its outputs (None when it returned none)."""
+    n = attrs.get("response_tokens")
+    if isinstance(n, int):
+        return n
+    hit = _collect_ids(span.outputs, _RESPONSE_FIELDS)
+    if hit is None:
+        return None
+    try:
+        return _as_id_list(hit[1])[1]
+    except (TypeError, ValueError):
+        return None
 
 
 def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[float] | None:

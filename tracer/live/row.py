@@ -19,7 +19,7 @@ from typing import Any
 
 from tracer.readers.habits.behaviour import behaviour
 from tracer.readers.habits.signature import scored_text
-from tracer.readers.rows import _accuracy, _reward_parts
+from tracer.readers.rows import _accuracy, _end_reason, _reward_parts
 from tracer.readers.timing.breakdown import record_timing
 from tracer.record import SpanRecord, TrajectoryRecord, plain
 
@@ -115,6 +115,9 @@ def live_row(record: TrajectoryRecord) -> dict[str, Any]:
         "step": record.step,
         "validate": bool(record.validate),
         "sample_key": None if record.sample_index is None else str(record.sample_index),
+        "rollout_n": record.rollout_n if isinstance(record.rollout_n, int) else None,
+        # drops (timing/drops.py): why it ended; response_tokens is its length so far
+        "end_reason": _end_reason(record, record.spans[0] if record.spans else None),
         "prompt": _cut(_prompt(generates[0] if generates else None)),
         "response_text": _cut(answer),
         "response_tokens": tokens,

@@ -29,6 +29,12 @@ that show it, and the step is counted):
                        at least ``component_share`` of the step's mean reward is not accuracy
                        (``reward - accuracy``) and mean accuracy is within ``flat_accuracy`` of
                        the first step's; flags trajectories with reward > 0 and accuracy 0.
+``dropped_longer``     rollouts were dropped (cancelled, timed out, raised: ``end_reason``) and
+                       they wrote at least ``LENGTH_BIAS_RATIO`` (1.25) times the kept ones'
+                       mean tokens (so far): training sees shorter answers than the policy
+                       writes (:mod:`tracer.readers.timing.drops`); flags the dropped ones.
+``incomplete_groups``  GRPO groups of the step have fewer completed rollouts than the step's
+                       group size; flags the dropped members of those groups.
 ``reward_accuracy_divergence``  possibly unearned reward (:mod:`tracer.readers.habits.earned`, the
                        notion the behaviour patterns' ``possible reward hacking`` uses): at
                        least ``unearned_share`` of the step's trajectories, and at least
@@ -56,7 +62,8 @@ from tracer.readers.habits.earned import not_judged, num, truth
 TRAJECTORY_FLAGS = ("truncated", "tool_loop", "identical_turns", "tool_error_burst",
                     "short_answer_high_reward")  # fmt: skip
 STEP_FLAGS = ("truncation_rate", "length_drift", "zero_variance_rising",
-              "reward_without_accuracy", "reward_accuracy_divergence")  # fmt: skip
+              "reward_without_accuracy", "reward_accuracy_divergence", "dropped_longer",
+              "incomplete_groups")  # fmt: skip
 FLAGS = TRAJECTORY_FLAGS + STEP_FLAGS
 # one line per rule, for people reading `rollout-tracer flags` (the rules: module docstring)
 MEANINGS = {
@@ -73,6 +80,10 @@ MEANINGS = {
                                "while accuracy stays flat",
     "reward_accuracy_divergence": "wrong answers paid like correct ones (reward high, accuracy "
                                   "low; tracer/readers/habits/earned.py)",
+    "dropped_longer": "cancelled or timed-out rollouts were longer than the kept ones: training "
+                      "sees shorter answers than the policy writes",
+    "incomplete_groups": "GRPO groups left short by dropped rollouts (cancelled, timed out, "
+                         "raised)",
 }
 TAG_PREFIX = "flag."  # MLflow trace tag of a flag: flag.<name> = "true"
 
@@ -101,6 +112,7 @@ class StepFlag:
     name: str
     value: float  # the measured value the rule compared with its threshold
     trace_ids: list[str] = field(default_factory=list)
+    detail: str = ""  # the numbers behind it, for people (the drop rules')
 
 
 @dataclass
@@ -292,4 +304,26 @@ def _step_rules(
     if members and len(hit) >= th.unearned_min and len(hit) / len(members) >= th.unearned_share:
         out.append(StepFlag(None, False, "reward_accuracy_divergence", len(hit) / len(members),
                             hit))  # fmt: skip
+    out += _drop_rules(members)
     return [f for f in out if f.trace_ids]
+
+
+def _drop_rules(members: list[Mapping[str, Any]]) -> list[StepFlag]:
+    """``dropped_longer`` (value: the dropped share of the step's tokens) and
+    ``incomplete_groups`` (value: how many), from :func:`~.timing.drops.step_drops`."""
+    from tracer.readers.timing.drops import drops_line, step_drops
+
+    d = step_drops(members)
+    out = []
+    line = drops_line(d)
+    if d["length_bias"]:
+        out.append(StepFlag(None, False, "dropped_longer", d["dropped_token_share"] or 0.0,
+                            d["dropped_trace_ids"], line))  # fmt: skip
+    if d["incomplete_groups"]:
+        short = set(d["incomplete_group_keys"])
+        dropped = set(d["dropped_trace_ids"])
+        hit = [i for i, r in _pairs(members) if i in dropped
+               and str(r.get("sample_key", r.get("sample_index"))) in short]  # fmt: skip
+        out.append(StepFlag(None, False, "incomplete_groups", float(d["incomplete_groups"]),
+                            hit, line))  # fmt: skip
+    return out

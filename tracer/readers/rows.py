@@ -20,7 +20,7 @@ from tracer.readers.habits.earned import reward_parts, truth
 from tracer.readers.habits.signature import scored_text, signature
 from tracer.readers.health import FLAGS, TAG_PREFIX, trajectory_flags
 from tracer.readers.timing.breakdown import record_timing
-from tracer.record import SpanRecord, TrajectoryRecord
+from tracer.record import END_REASONS, SpanRecord, TrajectoryRecord, end_reason_of
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, kl_series, summarize
 
 Row = dict[str, Any]
@@ -291,6 +291,7 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
         "accuracy": _accuracy(spans),
         "flags": _flags(record, turns, tools),
         "kept_by": _text(record.attributes.get("kept_by")),
+        "end_reason": _end_reason(record, root),
     }
     summary = summarize(token_values(record.spans))
     for name in TOKEN_SUMMARY:
@@ -307,6 +308,18 @@ def record_rows(record: TrajectoryRecord, tokenizer: Any = None) -> Rows:
         sum(response_counts) if response_counts else None)
     trajectory.update(record_timing(record))  # where its wall time went (timing/breakdown.py)
     return Rows([trajectory], turns, tools, token_rows(record, generates, tokenizer))
+
+
+def _end_reason(record: TrajectoryRecord, root: SpanRecord | None) -> str:
+    """Why the trajectory ended: as the tracer recorded it, else (a trace written before
+    ``end_reason`` existed) from the root span's error type."""
+    reason = record.attributes.get("end_reason")
+    if reason is None and root is not None:
+        reason = root.attributes.get("end_reason")
+    if isinstance(reason, str) and reason in END_REASONS:
+        return reason
+    error = root.error if root is not None else None
+    return end_reason_of(str(error.get("type")) if error else None)
 
 
 # per-trajectory aggregates of the per-token values (tracer.tokens.summarize), k3 for KL

@@ -40,7 +40,8 @@ TRAJECTORIES: list[Column] = [
     ("num_tool_errors", "int64", "tool spans that raised or returned an `error`"),
     ("finish_reason", "string", "finish reason of the last generate call"),
     ("prompt_tokens", "int64", "prompt tokens of the first generate call"),
-    ("response_tokens", "int64", "generated tokens summed over all generate calls"),
+    ("response_tokens", "int64", "generated tokens summed over all generate calls (so far, "
+                                 "for a dropped one)"),
     ("error", "string", "the root span's error message, if it failed"),
     ("mismatch_kl_mean", "float64", "mean per-token KL(rollout ‖ trainer), k3 estimator"),
     ("mismatch_kl_max", "float64", "max per-token KL(rollout ‖ trainer), k3 estimator"),
@@ -52,6 +53,10 @@ TRAJECTORIES: list[Column] = [
     ("accuracy", "float64", "the reward span's `accuracy` (or `acc`) output, if it has one"),
     ("flags", "list<string>", "health flags (tracer/readers/health.py) on this trajectory"),
     ("kept_by", "string", "keep rules that stored it (`sampled` = head sampling), if any"),
+    ("end_reason", "string", "why it ended: `completed`, or dropped: `cancelled` (asyncio "
+                             "cancel, Ctrl-C, an engine abort), `timeout` (`TimeoutError` "
+                             "reached the trajectory), `error` (it raised); a dropped one keeps "
+                             "its spans so far and `response_tokens` counts its tokens so far"),
     ("signature", "string", "behaviour signature: 16 hex chars, equal for trajectories with the "
                             "same tool calls, finish reason and answer template "
                             "(tracer/readers/habits/signature.py)"),
@@ -70,11 +75,14 @@ TRAJECTORIES: list[Column] = [
     ("other_ms", "float64", "time inside other spans (parse, interaction, ...)"),
     ("gap_ms", "float64", "time with no span open: queueing, scheduling, the loop's own code"),
     ("tool_ms_by_name", "string", "JSON: tool_ms per tool name"),
-    ("slow_span_id", "string", "the trajectory's longest span (its transcript's slow span)"),
-    ("slow_span_kind", "string", "that span's kind (`tool`, `generate`, ...)"),
-    ("slow_span_name", "string", "its tool name (tool calls) or span name"),
+    ("slow_span_id", "string", "the span with the longest own work (its duration less what its "
+                               "children cover: a leaf, or a reward's own work); null when the "
+                               "slow part is `gap`"),
+    ("slow_span_kind", "string", "that span's kind (`tool`, `generate`, ...), or `gap` when the "
+                                 "time with no span open outweighs every span's own work"),
+    ("slow_span_name", "string", "its tool name (tool calls) or span name (`gap`)"),
     ("slow_span_detail", "string", "its tool arguments (JSON) or `<n> tokens` (generate)"),
-    ("slow_span_ms", "float64", "its duration in milliseconds"),
+    ("slow_span_ms", "float64", "its own time in milliseconds (the gap's, for `gap`)"),
 ]
 
 TURNS: list[Column] = [
@@ -157,9 +165,27 @@ STEPS: list[Column] = [
     ("top_straggler_trace_id", "string", "the slowest straggler"),
     ("top_straggler_cause", "string", "its slow span: `tool <name>`, `generate <name>`, or "
                                       "`gap` when time between spans outweighs it"),
-    ("top_straggler_detail", "string", "the slow span's tool arguments or token count"),
-    ("top_straggler_span_id", "string", "the slow span (its transcript opens there)"),
+    ("top_straggler_detail", "string", "the slow span's tool arguments or token count; for "
+                                       "`gap`, that no span was open"),
+    ("top_straggler_span_id", "string", "the slow span (its transcript opens there); null for "
+                                        "`gap`"),
     ("top_straggler_ms", "float64", "the slowest straggler's wall time"),
+    # what the step lost (readers/timing/drops.py)
+    ("dropped", "int64", "trajectories that did not complete (end_reason not `completed`)"),
+    ("dropped_cancelled", "int64", "of them, cancelled"),
+    ("dropped_timeout", "int64", "of them, timed out"),
+    ("dropped_error", "int64", "of them, raised"),
+    ("groups", "int64", "samples (sample_key) of the step"),
+    ("incomplete_groups", "int64", "samples with fewer completed rollouts than the step's group "
+                                   "size (its highest rollout_n + 1)"),
+    ("dropped_token_share", "float64", "the dropped trajectories' share of the step's generated "
+                                       "tokens (response_tokens): tokens training never saw"),
+    ("kept_tokens_mean", "float64", "mean response_tokens of the completed trajectories"),
+    ("kept_tokens_p90", "float64", "90th percentile of the same"),
+    ("dropped_tokens_mean", "float64", "mean response_tokens (so far) of the dropped ones"),
+    ("dropped_tokens_p90", "float64", "90th percentile of the same"),
+    ("length_bias", "bool", "the dropped ones wrote at least 1.25x the kept ones' mean: what "
+                            "training sees is shorter than what the policy writes"),
 ]
 
 TABLES: dict[str, list[Column]] = {

@@ -5,9 +5,12 @@ A trajectory's wall time (its root span) is cut into ``generate``, ``tool`` (per
 scheduling, the agent loop's own code). Each instant goes to exactly one part, the most specific
 span open then (a tool call over a generate call over a reward over the rest), so the parts add
 up to the wall time exactly, even when spans overlap (parallel tool calls: an instant two of
-them share goes to the one that opened first). The span that made
-the trajectory slow is its longest leaf span: a tool call (its name and arguments) or a generate
-call (its token count).
+them share goes to the one that opened first, whatever order the spans are listed in). The span
+that made the trajectory slow is the one with the longest own work: its time less what its
+children cover, so a leaf (a tool call: its name and arguments; a generate call: its token
+count), or a reward's own work, never a helper span that only waits on a tool call or a reward
+that only waits on an LLM judge. When the time with no span open outweighs it, the slow part is
+``gap``, and no span is named.
 
 Per step (:func:`step_summaries`): the wall-time distribution (p50, p90, p99, max), the tail
 ratio p99/p50, how long the step waited for its last trajectory after the 90th percentile had
@@ -20,12 +23,14 @@ rollout holds in memory (``rollout-tracer run``'s ``timing/*`` tracker metrics).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tracer.readers.timing.drops import step_drops
 from tracer.snapshot import plain
 
 PARTS = ("generate", "tool", "reward", "other", "gap")
@@ -34,9 +39,8 @@ _PRIORITY = {"tool": 4, "generate": 3, "reward": 2}
 _CONTAINERS = frozenset({"trajectory"})  # nested agent-loop spans: covered by their children
 STRAGGLER_FACTOR = 3.0
 STRAGGLER_MIN_EXCESS_MS = 25.0
-MAX_STRAGGLERS = 5  # per step
 _DETAIL_CHARS = 300
-
+GAP_DETAIL = "no span open: the loop's own code, queueing, scheduling"
 
 
 def tool_name(span: Any) -> str:
@@ -81,48 +85,106 @@ def breakdown(start_ns: int, end_ns: int, spans: Iterable[Any]) -> dict[str, Any
     """One trajectory's parts in ms (``generate_ms``, ``tool_ms``, ``reward_ms``, ``other_ms``,
     ``gap_ms``, ``tool_ms_by_name``) adding up to ``end_ns - start_ns``, and its slow span
     (``slow_span_id``, ``_kind``, ``_name``, ``_detail``, ``_ms``). Spans still open (no end)
-    count until ``end_ns``."""
+    count until ``end_ns``. Cost: n log n in the spans (sorts and a heap)."""
     end_ns = max(end_ns, start_ns)
-    intervals: list[tuple[int, int, int, str]] = []
-    slow: Any = None
-    slow_ns = -1
-    for span in spans:
-        if span.kind in _CONTAINERS:
-            continue
-        s_end = span.end_ns or end_ns
-        a, b = max(span.start_ns, start_ns), min(s_end, end_ns)
-        if b > a:
-            part = _part(span)
-            intervals.append((a, b, _PRIORITY.get(part.split(":", 1)[0], 1), part))
-        if s_end - span.start_ns > slow_ns:
-            slow, slow_ns = span, s_end - span.start_ns
-    parts = {"generate": 0, "tool": 0, "reward": 0, "other": 0, "gap": 0}
-    by_tool: dict[str, int] = {}
-    points = sorted({start_ns, end_ns, *(p for a, b, _, _ in intervals for p in (a, b))})
-    for a, b in itertools.pairwise(points):
-        best: tuple[int, str] | None = None
-        for s, e, prio, part in intervals:
-            if s <= a and e >= b and (best is None or prio > best[0]):
-                best = (prio, part)
-        if best is None:
-            parts["gap"] += b - a
-        elif best[1].startswith("tool:"):
-            parts["tool"] += b - a
-            by_tool[best[1][5:]] = by_tool.get(best[1][5:], 0) + b - a
-        else:
-            parts[best[1]] += b - a
+    spans = [s for s in spans if s.kind not in _CONTAINERS]  # covered by their children
+    ends = [s.end_ns or end_ns for s in spans]
+    parts, by_tool = _attribute(start_ns, end_ns, spans, ends)
     out: dict[str, Any] = {f"{k}_ms": v / 1e6 for k, v in parts.items()}
     out["tool_ms_by_name"] = json.dumps({k: v / 1e6 for k, v in sorted(by_tool.items())})
-    sid = getattr(slow, "span_id", None)
+    slow, own_ns = _slow_span(spans, ends)
+    if slow is None or parts["gap"] > own_ns:
+        # the time between spans outweighs any span's own work: name the gap, not a span
+        gap = parts["gap"]
+        out.update(slow_span_id=None, slow_span_kind="gap" if gap else None,
+                   slow_span_name="gap" if gap else None,
+                   slow_span_detail=GAP_DETAIL if gap else None,
+                   slow_span_ms=gap / 1e6 if gap else None)  # fmt: skip
+        return out
+    sid = slow.span_id
     out.update(
-        slow_span_id=(f"{sid:016x}" if isinstance(sid, int) else sid) if slow is not None else None,
-        slow_span_kind=slow.kind if slow is not None else None,
-        slow_span_name=(tool_name(slow) if slow.kind == "tool" else slow.name)
-        if slow is not None else None,
-        slow_span_detail=span_detail(slow) if slow is not None else None,
-        slow_span_ms=slow_ns / 1e6 if slow is not None else None,
-    )  # fmt: skip
+        slow_span_id=f"{sid:016x}" if isinstance(sid, int) else sid,
+        slow_span_kind=slow.kind,
+        slow_span_name=tool_name(slow) if slow.kind == "tool" else slow.name,
+        slow_span_detail=span_detail(slow),
+        slow_span_ms=own_ns / 1e6,
+    )
     return out
+
+
+def _attribute(start_ns: int, end_ns: int, spans: list[Any], ends: list[int]
+               ) -> tuple[dict[str, int], dict[str, int]]:  # fmt: skip
+    """Each instant of [start_ns, end_ns) to one part: the open span of the highest priority,
+    the earliest opened among equals; an instant no span covers is ``gap``. A sweep over the
+    sorted boundaries with a heap of the open spans (ended ones leave it when they reach the
+    top), so the cost is n log n, not n per boundary."""
+    opens: list[tuple[int, int, int, int, int]] = []  # (from, -priority, open time, index, to)
+    for i, span in enumerate(spans):
+        a = span.start_ns if span.start_ns > start_ns else start_ns
+        b = ends[i] if ends[i] < end_ns else end_ns
+        if b > a:
+            opens.append((a, -_PRIORITY.get(span.kind, 1), span.start_ns, i, b))
+    opens.sort()
+    points = sorted({start_ns, end_ns, *(o[0] for o in opens), *(o[4] for o in opens)})
+    time_of: dict[int, int] = {}  # span index -> the time it won (a span, not a part, per entry)
+    gap = 0
+    heap: list[tuple[int, int, int, int]] = []  # (-priority, open time, index, to)
+    nxt, n = 0, len(opens)
+    push, pop = heapq.heappush, heapq.heappop
+    for a, b in itertools.pairwise(points):
+        while nxt < n and opens[nxt][0] <= a:
+            _, prio, opened, i, to = opens[nxt]
+            push(heap, (prio, opened, i, to))
+            nxt += 1
+        while heap and heap[0][3] <= a:
+            pop(heap)
+        if heap:
+            i = heap[0][2]
+            time_of[i] = time_of.get(i, 0) + b - a
+        else:
+            gap += b - a
+    parts = {"generate": 0, "tool": 0, "reward": 0, "other": 0, "gap": gap}
+    by_tool: dict[str, int] = {}
+    for i, ns in time_of.items():
+        part = _part(spans[i])
+        if part.startswith("tool:"):
+            parts["tool"] += ns
+            by_tool[part[5:]] = by_tool.get(part[5:], 0) + ns
+        else:
+            parts[part] += ns
+    return parts, by_tool
+
+
+def _slow_span(spans: list[Any], ends: list[int]) -> tuple[Any, int]:
+    """The span with the longest own work: its duration less the time its children cover (a
+    leaf's own time is its duration; a reward that waits on an LLM judge owns only the rest;
+    a helper span around a tool call owns almost nothing). Ties go to the span that opened
+    first. Returns (span or None, own ns)."""
+    children: dict[Any, list[tuple[int, int]]] = {}
+    for i, span in enumerate(spans):
+        children.setdefault(span.parent_id, []).append((span.start_ns, ends[i]))
+    slow: Any = None
+    best_own, best_start = -1, 0
+    for i, span in enumerate(spans):
+        a, b = span.start_ns, ends[i]
+        own = b - a if b > a else 0
+        kids = children.get(span.span_id)
+        if kids:
+            own -= _covered(kids, a, b)
+        if own > best_own or (own == best_own and a < best_start):
+            slow, best_own, best_start = span, own, a
+    return slow, best_own if slow is not None else 0
+
+
+def _covered(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """How much of [lo, hi) the union of ``intervals`` covers."""
+    total, reach = 0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, hi)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
 
 
 def record_timing(record: Any) -> dict[str, Any]:
@@ -178,7 +240,8 @@ def _num(value: Any) -> float:
 def cause(row: Mapping[str, Any]) -> str:
     """``tool python``, ``generate generate``, ``gap``: what made a trajectory slow. Its slow
     span, unless the time between spans outweighs it."""
-    if _num(row.get("gap_ms")) > _num(row.get("slow_span_ms")) or not row.get("slow_span_kind"):
+    kind = row.get("slow_span_kind")
+    if not kind or kind == "gap" or _num(row.get("gap_ms")) > _num(row.get("slow_span_ms")):
         return "gap"
     return f"{row['slow_span_kind']} {row.get('slow_span_name')}"
 
@@ -210,6 +273,7 @@ def _summary(step: int, validate: bool, rows: list[Mapping[str, Any]]) -> dict[s
             and _num(r.get("latency_ms")) - p50 >= STRAGGLER_MIN_EXCESS_MS]  # fmt: skip
     slow.sort(key=lambda r: -_num(r.get("latency_ms")))
     top = slow[0] if slow else None
+    gap = top is not None and cause(top) == "gap"  # no span to point at
     return {
         "step": step,
         "validate": validate,
@@ -226,10 +290,12 @@ def _summary(step: int, validate: bool, rows: list[Mapping[str, Any]]) -> dict[s
         "stragglers": len(slow),
         "top_straggler_trace_id": top.get("trace_id") if top else None,
         "top_straggler_cause": cause(top) if top else None,
-        "top_straggler_detail": top.get("slow_span_detail") if top else None,
-        "top_straggler_span_id": top.get("slow_span_id") if top else None,
+        "top_straggler_detail": (GAP_DETAIL if gap else top.get("slow_span_detail")) if top
+                                else None,
+        "top_straggler_span_id": top.get("slow_span_id") if top and not gap else None,
         "top_straggler_ms": _num(top.get("latency_ms")) if top else None,
-        "straggler_list": [dict(r) for r in slow[:MAX_STRAGGLERS]],
+        **step_drops(rows),  # what the step lost (timing/drops.py)
+        "straggler_list": [dict(r) for r in slow],  # all of them: readers decide what to show
     }  # fmt: skip
 
 
@@ -249,4 +315,8 @@ def tracker_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     for name, share in json.loads(summary.get("tool_shares") or "{}").items():
         m[f"timing/tool_share/{name}"] = float(share)
     m["timing/stragglers"] = float(summary.get("stragglers") or 0)
+    m["timing/dropped"] = float(summary.get("dropped") or 0)
+    m["timing/incomplete_groups"] = float(summary.get("incomplete_groups") or 0)
+    if summary.get("dropped_token_share") is not None:
+        m["timing/dropped_token_share"] = float(summary["dropped_token_share"])
     return m

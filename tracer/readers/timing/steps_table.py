@@ -16,14 +16,16 @@ from tracer.readers.timing.breakdown import step_summaries
 TIMING_COLUMNS = ("trace_id", "step", "validate", "start_time", "latency_ms", "generate_ms",
                   "tool_ms", "reward_ms", "other_ms", "gap_ms", "tool_ms_by_name",
                   "slow_span_id", "slow_span_kind", "slow_span_name", "slow_span_detail",
-                  "slow_span_ms")  # fmt: skip
+                  "slow_span_ms", "status", "end_reason", "response_tokens", "sample_key",
+                  "rollout_n")  # fmt: skip
 
 
 def _parquet_steps(path: str) -> Iterator[list[dict[str, Any]]]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=list(TIMING_COLUMNS))
+    names = set(pq.read_schema(path).names)  # an older export has no end_reason
+    table = pq.read_table(path, columns=[c for c in TIMING_COLUMNS if c in names])
     table = table.filter(pc.is_valid(table["step"]))
     for step in sorted(pc.unique(table["step"]).to_pylist()):
         yield table.filter(pc.equal(table["step"], step)).to_pylist()
