@@ -25,7 +25,8 @@ from typing import Any
 FORCED = ('<think>\nThree more makes five.\n</think>\n\n<tool_call>\n{"name": "add", '
           '"arguments": {"amount": 3}}\n</tool_call><|im_end|>')  # fmt: skip
 THOUGHT = "Three more makes five."
-ROLLOUT_FIRST, ROLLOUT_ENV, ROLLOUT_LAST = "Answer: 5", "\n[environment] correct\n", " Done.<|im_end|>"
+ROLLOUT_FIRST, ROLLOUT_ENV = "Answer: 5", "\n[environment] correct\n"
+ROLLOUT_LAST = " Done.<|im_end|>"
 QUESTIONS = ["Make the counter five.", "Reach five.", "Five, please.", "Get to five."]
 
 
