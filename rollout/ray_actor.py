@@ -74,6 +74,12 @@ class RolloutActor:
 
         return {"worker_id": self.worker_id, **tracer.metrics()}
 
+    async def live_partial(self, step: int, validate: bool = False) -> dict[str, Any]:
+        """This worker's part of the live analysis of ``step`` (``tracer.live.partial``)."""
+        import tracer
+
+        return await asyncio.to_thread(tracer.live.partial, step, validate=validate)
+
     async def shutdown(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Close the engine, flush and stop the tracer; returns the final metrics."""
         import tracer

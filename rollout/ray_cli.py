@@ -27,7 +27,13 @@ def cmd_run_ray(
     # the driver plays verl's trainer: the step's health counts and, with
     # trainer.recompute_log_probs, the trainer's and reference log-probs of every trajectory
     # (its own models), attached with tracer.annotate to the traces the workers stored
-    after_step = AfterStep(config, None, tracking)
+    pool: RayRolloutPool | None = None
+
+    def live_partial(step: int) -> dict[str, Any]:  # the workers' live analysis, merged
+        assert pool is not None
+        return pool.live_partial(step)
+
+    after_step = AfterStep(config, None, tracking, live_partial)
     if after_step.trainer_pass is None:
         tracer.shutdown()  # the driver traces nothing: each actor runs its own tracer
     k = num_workers(config)
@@ -43,7 +49,6 @@ def cmd_run_ray(
     t0 = time.perf_counter()
     print(f"starting {k} Ray rollout workers ({rollout['name']} engine for "
           f"{config['actor_rollout_ref']['model']['path']})")  # fmt: skip
-    pool: RayRolloutPool | None = None
     validations: list[StepResult] = []
     bar = tqdm(total=total, desc="trajectories", unit="traj", disable=args.no_progress)
 

@@ -293,6 +293,19 @@ class RayRolloutPool:
                 out.append(self.ray.get(ref))
         return out
 
+    def live_partial(self, step: int, validate: bool = False) -> dict[str, Any]:
+        """The live analysis of ``step`` over every live worker: their partials merged
+        (``tracer.live.merge``); a worker lost since is left out."""
+        import tracer
+
+        refs = [w.live_partial.remote(step, validate) for w in self.workers]
+        parts = []
+        for ref in refs:
+            with contextlib.suppress(*_lost_errors(self.ray)):
+                parts.append(self.ray.get(ref))
+        return tracer.live.merge(parts) if parts else {"step": step, "validate": validate,
+                                                       "rows": [], "processes": {}}
+
     def run(
         self,
         total_steps: int,

@@ -19,7 +19,6 @@ from rollout.agent_loop import SYSTEM_PROMPT, AgentLoopConfig, AgentLoopOutput, 
 from rollout.engines.base import Engine, SamplingParams
 from rollout.rewards import check_mode
 from rollout.tools import default_tools
-from tracer.readers.timing.breakdown import trajectory_timing
 
 BUILTIN_PREFIX = "builtin://"
 
@@ -189,13 +188,11 @@ class RolloutWorker:
         with tracer.trace_attr(
             step=step, sample_index=row["index"], rollout_n=k, validate=validate,
             name="trajectory", policy_version=step, attempt=attempt, **self.trace_attributes,
-        ) as traj:  # fmt: skip
+        ):  # fmt: skip
             out = await self.agent.run(
                 self.messages_for(row), params, ground_truth=row["answer"],
                 request_id=f"{'v' if validate else 's'}{step}-i{row['index']}-n{k}",
             )  # fmt: skip
-        if traj is not None:  # where its time went, from its spans (rollout/step_timing.py)
-            out.extra["timing"] = trajectory_timing(traj)
         out.extra.update(step=step, sample_index=row["index"], rollout_n=k, policy_version=step,
                          validate=validate, attempt=attempt)  # fmt: skip
         return out

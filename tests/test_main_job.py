@@ -115,7 +115,7 @@ def test_default_run_in_mlflow(tmp_path: Path) -> None:
     assert len(table["data"]) == 2 and "response" in table["columns"]
     history = client.get_metric_history(run.info.run_id, "val/reward/mean")
     assert sorted(m.step for m in history) == [0, 2]
-    # where each step's time went (rollout/step_timing.py): the calculator's real latency
+    # where each step's time went (the tracer's live analysis, tracer/live/): the calculator's real latency
     for name in ("timing/tool_share/calculator", "timing/generate_share", "timing/wall_p50_s"):
         values = [m.value for m in client.get_metric_history(run.info.run_id, name)]
         assert len(values) == 2 and all(v > 0 for v in values), (name, values)

@@ -130,12 +130,15 @@ def test_python_and_duckdb_groupings_agree(hacked_run: Path) -> None:
     # a DataFrame (the report's and flags' input) too
     _same(step_patterns(pq.read_table(hacked_run / "trajectories.parquet").to_pandas()),
           step_patterns(hacked_run))  # fmt: skip
-    # and a running job, fed one step at a time, logs each step's numbers as the whole run has
-    from rollout.step_patterns import StepPatterns
+    # and the tracer's live analysis, fed one step at a time (a driver merging each step's
+    # partial into what it kept), gives each step the numbers the whole run has
+    import tracer
 
-    whole, live = step_patterns(hacked_run), StepPatterns()
+    whole, kept = step_patterns(hacked_run), None
     for step in range(1, 81):
-        got = live.add(step, [r for r in rows if r["step"] == step])
+        part = {"step": step, "rows": [r for r in rows if r["step"] == step], "processes": {}}
+        kept = tracer.live.merge([kept, part] if kept else [part])
+        got = {k: v for k, v in tracer.live.metrics(kept).items() if k.startswith("patterns/")}
         assert got == pytest.approx(whole.step_metrics(step)), step
 
 
@@ -169,7 +172,7 @@ def test_the_driver_logs_what_the_readers_find(
             logged[step] = clean
         return clean
 
-    import rollout.step_patterns as sp
+    import rollout.step_patterns as sp  # the top pattern's text: one writer per tracker
 
     monkeypatch.setattr(Tracking, "log", spy_log)
     monkeypatch.setattr(sp, "WRITERS", {**sp.WRITERS, "console": lambda t, text, step:
@@ -192,28 +195,34 @@ def test_the_driver_logs_what_the_readers_find(
         assert texts[step] == f"{100 * top.share:.1f}% of step {step}: {top.text}"
 
 
-def test_the_driver_keeps_what_the_rules_look_back_at() -> None:
-    """StepPatterns drops small groups once older than the rules look back: a pattern that
-    grows 2.5x (from groups too small to be kept) is not flagged, as in the whole run."""
-    from rollout.step_patterns import StepPatterns
+def test_the_live_analysis_looks_back_as_far_as_the_rules() -> None:
+    """The live analysis keeps the steps the rules look back over (window + smooth): a
+    pattern that grows 2.5x is not flagged, as in the whole run, and one that grows 3x over
+    the same steps is, at the same steps."""
+    import tracer
 
     th = PatternThresholds(top=1)
 
-    def rows(step: int) -> list[dict[str, Any]]:
-        grown = 4 if step <= 8 else 10  # b: 2.5x; c: 2 a step, never shown nor flagged
-        sig = ["b"] * grown + ["c"] * 2 + ["a"] * (98 - grown)
-        return [{"trace_id": f"{step}-{i}", "step": step, "signature": s, "signature_text": s,
-                 "reward": 0.5 if s == "a" else 1.0, "response_tokens": 100,
-                 "prompt": str(i % 25)} for i, s in enumerate(sig)]  # fmt: skip
+    def run(grown_to: int) -> tuple[Patterns, list[dict[str, float]]]:
+        def rows(step: int) -> list[dict[str, Any]]:
+            grown = 4 if step <= 8 else grown_to
+            sig = ["b"] * grown + ["c"] * 2 + ["a"] * (98 - grown)
+            return [{"trace_id": f"{step}-{i}", "step": step, "signature": s,
+                     "signature_text": s, "reward": 0.5 if s == "a" else 1.0,
+                     "response_tokens": 100, "prompt": str(i % 25)}
+                    for i, s in enumerate(sig)]  # fmt: skip
 
-    live = StepPatterns(th)
-    every = [r for step in range(1, 21) for r in rows(step)]
-    whole = analyze(*aggregate(every), th)
-    assert whole.rising == []
-    for step in range(1, 21):
-        assert live.add(step, rows(step)) == whole.step_metrics(step), step
-    kept = {s: sorted(g.signature for g in live.groups[s]) for s in range(1, 21)}
-    assert kept == {s: ["a", "b"] if s <= 7 else ["a", "b", "c"] for s in range(1, 21)}
+        every = [r for step in range(1, 21) for r in rows(step)]
+        live = [tracer.live.metrics({"step": step, "rows": [r for r in every if r["step"] <= step]},
+                                    th) for step in range(1, 21)]  # fmt: skip
+        return analyze(*aggregate(every), th), live
+
+    for grown_to, flagged in ((10, False), (12, True)):
+        whole, live = run(grown_to)
+        assert bool(whole.rising) == flagged
+        for step in range(1, 21):
+            got = {k: v for k, v in live[step - 1].items() if k.startswith("patterns/")}
+            assert got == whole.step_metrics(step), (grown_to, step)
 
 
 def test_report_section_links_to_transcripts_it_embeds(hacked_run: Path) -> None:

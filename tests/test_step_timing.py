@@ -1,6 +1,6 @@
-"""``rollout-tracer run`` logs where each step's time went (``timing/*``, rollout/step_timing.py)
-to its trackers, and the numbers are those the export's ``steps`` table finds afterwards in the
-stored spans (the same reader, tracer/readers/timing/breakdown.py)."""
+"""``rollout-tracer run`` logs where each step's time went (``timing/*``: the tracer's live
+analysis, tracer/live/) to its trackers, and the numbers are those the export's ``steps`` table
+finds afterwards in the stored spans (the same reader, tracer/readers/timing/breakdown.py)."""
 
 from __future__ import annotations
 

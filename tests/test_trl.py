@@ -236,6 +236,26 @@ def test_tracer_counters_reach_trl_log(grpo_run: dict[str, Any]) -> None:
     assert history[-1]["tracer/submitted"] >= BATCH
 
 
+@pytest.mark.slow(seconds=240)
+def test_the_live_analysis_reaches_trl_log(grpo_run: dict[str, Any]) -> None:
+    """``tracer.step_metrics`` joins each training step's logs (what ``report_to`` trackers
+    get): patterns/*, timing/* and the stuck count, the numbers the readers find afterwards in
+    the MLflow store (read back through MLflow)."""
+    from tracer.readers import read_tables
+    from tracer.readers.habits.patterns import step_patterns
+
+    history = [h for h in grpo_run["trainer"].state.log_history if "loss" in h]
+    tables = read_tables("mlflow", experiment=EXPERIMENT, tracking_uri=grpo_run["uri"])
+    found = step_patterns(tables.trajectories)
+    assert [h["step"] for h in history] == found.steps == [1, 2]
+    for h in history:
+        assert h["tracer/live_step_trajectories"] == BATCH
+        assert h["tracer/stuck_trajectories"] == 0
+        assert 0 < h["timing/generate_share"] <= 1 and "timing/wall_p50_s" in h
+        for key, value in found.step_metrics(h["step"]).items():
+            assert h[key] == pytest.approx(value), (h["step"], key)
+
+
 def test_a_trainer_of_another_shape_is_refused_naming_the_tested_versions() -> None:
     import tracer.trl
 

@@ -31,6 +31,7 @@ from tracer.core import (
     reset,
     shutdown,
 )
+from tracer.live import step_metrics
 from tracer.ops import current_trajectory, set_span_attributes, trace_attr, trace_op
 from tracer.record import SCHEMA_VERSION, SpanRecord, TrajectoryRecord
 from tracer.verl_compat import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
@@ -60,6 +61,7 @@ __all__ = [
     "rollout_trace_op",
     "set_span_attributes",
     "shutdown",
+    "step_metrics",
     "trace_attr",
     "trace_op",
 ]

@@ -103,6 +103,9 @@ class TraceConfig:
     # or far longer than its step's typical one, is reported once (a log line, a metric)
     # while it still runs; 0 turns the watchdog off
     stuck_after_s: float = 600.0
+    # the live per-step analysis (tracer/live/): how many recent steps each process keeps
+    # (behaviour groups, time parts) for tracer.step_metrics(); 0 turns it off
+    live_steps: int = 16
     # backend options
     tracking_uri: str | None = None  # mlflow; default: MLFLOW_TRACKING_URI, then ./mlflow.db
     jsonl_path: str | None = None  # jsonl; default: ./traces/<project>/<experiment>.jsonl
@@ -151,6 +154,10 @@ class TraceConfig:
         if not (self.annotation_timeout_s >= 0):
             raise ConfigError(
                 f"annotation_timeout_s must be >= 0, got {self.annotation_timeout_s!r}")
+        if not isinstance(self.live_steps, int) or isinstance(self.live_steps, bool) or (
+                self.live_steps < 0):
+            raise ConfigError(f"live_steps must be an integer >= 0 (0: off), got "
+                              f"{self.live_steps!r}")
         if not (self.stuck_after_s >= 0):
             raise ConfigError(f"stuck_after_s must be >= 0 (0: off), got {self.stuck_after_s!r}")
         if not (self.flush_interval_s > 0):

@@ -35,6 +35,7 @@ from tracer.backends.base import Exporter, as_exporter
 from tracer.errors import InternalErrors, log_every, say_at_shutdown
 from tracer.export_worker import ExportWorker
 from tracer.keep import KeepRules
+from tracer.live.steps import LiveSteps
 from tracer.processing import Processing
 from tracer.redact import Redactor
 from tracer.spool import BackendSpool, default_spool_dir
@@ -115,6 +116,8 @@ class Pipeline(Processing):
         self.closed = False
         self._lost_at_last_flush = 0
         self._end_steps: list[tuple[Any, bool | None]] = []  # tracer.end_step requests
+        # the live per-step analysis (tracer/live/): fed by the processing thread
+        self.live = LiveSteps(self.config.live_steps) if self.config.live_steps else None
 
     def _after_fork(self) -> None:
         # The parent exports what was buffered before the fork; the child starts empty, with
@@ -254,6 +257,23 @@ class Pipeline(Processing):
                 return True
             return any(seq <= target for seq, _, _ in self.in_process.values())
 
+    def _wait_processed(self, target: int, deadline: float) -> bool:
+        self.wake.set()
+        while self._outstanding(target):
+            if time.monotonic() >= deadline or not self._processor_alive():
+                return False
+            time.sleep(0.005)
+            self.wake.set()
+        return True
+
+    def processed(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far has been processed (built, analysed and
+        handed to the export workers, not yet stored): what the live analysis needs."""
+        with self.lock:
+            target = self.submitted
+            started = self.processor is not None
+        return not started or self._wait_processed(target, time.monotonic() + timeout_s)
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is stored, probing a backend that is down
         until it answers or ``timeout_s`` passes. True only when nothing traced so far is
@@ -262,15 +282,7 @@ class Pipeline(Processing):
         with self.lock:
             target = self.submitted
             started = self.processor is not None
-        ok = True
-        if started:
-            self.wake.set()
-            while self._outstanding(target):
-                if time.monotonic() >= deadline or not self._processor_alive():
-                    ok = False
-                    break
-                time.sleep(0.005)
-                self.wake.set()
+        ok = not started or self._wait_processed(target, deadline)
         if self.keep is not None:  # flush decides: every step held so far is finished
             self._hand_released(self.keep.finish_all())  # the caller's thread
         if started and ok:
@@ -362,6 +374,8 @@ class Pipeline(Processing):
             before_workers = sum(self.dropped.values())
         if self.keep is not None:
             m.update(self.keep.metrics())
+        if self.live is not None:
+            m.update(self.live.metrics())
         for w in self.workers:
             prefix = f"tracer/{w.name}/"
             wm = w.metrics(prefix)

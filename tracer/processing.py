@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tracer.config import TraceConfig
     from tracer.export_worker import ExportWorker
     from tracer.keep import KeepRules
+    from tracer.live.steps import LiveSteps
     from tracer.redact import Redactor
     from tracer.sampling import Sampler
     from tracer.trajectory import Trajectory
@@ -58,6 +59,7 @@ class Processing:
     errors: InternalErrors
     redactor: Redactor | None
     keep: KeepRules | None
+    live: LiveSteps | None
     workers: list[ExportWorker]
     lock: threading.Lock
     wake: threading.Event
@@ -101,6 +103,7 @@ class Processing:
                     self._drop_counted(out, "build_error")
                     continue
                 record, line = built
+                self._observe(record)
                 if self.keep is not None:  # decided here or later (held, pending)
                     self._keep(seq, record, traj.nbytes, head, out)
                     continue
@@ -139,6 +142,15 @@ class Processing:
         except Exception as exc:
             self.errors.report("building a trace record", exc, background=True)
             return None
+
+    def _observe(self, record: TrajectoryRecord) -> None:
+        """Add the trajectory to the live analysis (tracer/live/); an error there is counted
+        and logged, and the trajectory goes on to the backends all the same."""
+        if self.live is not None:
+            try:
+                self.live.observe(record)
+            except Exception as exc:
+                self.errors.report("the live analysis", exc, background=True)
 
     def _keep(self, seq: int, record: TrajectoryRecord, nbytes: int, head: bool,
               out: Processed) -> None:  # fmt: skip

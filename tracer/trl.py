@@ -13,8 +13,9 @@ wraps two methods of the one trainer object it is given, nothing else:
   copied into one trajectory per completion and handed to the tracer's buffer (no I/O, no
   decoding here; the pipeline does that in the background). It is a private method of TRL, so
   :func:`trace` checks the trainer's shape first and names the tested versions when it differs.
-- ``log`` (public): the tracer's counters join the step's metrics, so they reach the trackers
-  TRL already reports to (``report_to``), in the same run.
+- ``log`` (public): the step's live analysis (``tracer.step_metrics``: ``patterns/*``,
+  ``timing/*``, ``tracer/stuck_trajectories`` and the tracer's counters) joins the step's
+  metrics, so it reaches the trackers TRL already reports to (``report_to``), in the same run.
 
 ``docs/trl.md`` gives the mapping from TRL's fields to the trajectory's.
 """
@@ -122,9 +123,10 @@ class TrlTrace:
 
     def _log_with_metrics(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.trainer.model.training and not any(k.startswith("eval_") for k in logs):
-            for key, value in tracer.metrics().items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    logs[key] = float(value)
+            try:  # the live analysis of the step TRL logs now (its completions' step)
+                logs.update(tracer.step_metrics(self.trainer.state.global_step, timeout_s=5.0))
+            except Exception as exc:
+                self.errors.report("tracer.trl: the step's live metrics", exc)
             logs["tracer/trl_completions"] = float(self.traced)
         self._log(logs, start_time)
 
