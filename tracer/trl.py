@@ -28,6 +28,7 @@ from typing import Any
 
 import tracer
 from tracer.errors import InternalErrors
+from tracer.trl_ranks import step_metrics
 from tracer.trl_spans import num, reward_span, rows, size, spans, token_turns, tokenizer_name
 
 log = logging.getLogger(__name__)
@@ -122,13 +123,28 @@ class TrlTrace:
         return output
 
     def _log_with_metrics(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self.trainer.model.training and not any(k.startswith("eval_") for k in logs):
-            try:  # the live analysis of the step TRL logs now (its completions' step)
-                logs.update(tracer.step_metrics(self.trainer.state.global_step, timeout_s=5.0))
-            except Exception as exc:
-                self.errors.report("tracer.trl: the step's live metrics", exc)
-            logs["tracer/trl_completions"] = float(self.traced)
+        # only the logs every process writes at once (a training step's, an evaluation's): the
+        # numbers of several processes are merged by a collective they all must enter
+        if self.trainer.model.training and "loss" in logs:
+            self._add_step_metrics(logs, validate=False)
+        elif "eval_loss" in logs:
+            self._add_step_metrics(logs, validate=True)
         self._log(logs, start_time)
+
+    def _add_step_metrics(self, logs: dict[str, float], validate: bool) -> None:
+        """The live analysis of the step TRL logs now (its completions' step), every
+        process's merged; the main process logs them (evaluation's as ``eval_*``)."""
+        tr = self.trainer
+        try:
+            found, errors = step_metrics(tr.accelerator, tr.state.global_step, validate,
+                                         self.traced)  # fmt: skip
+        except Exception as exc:
+            self.errors.report("tracer.trl: the step's live metrics", exc)
+            return
+        for error in errors:
+            self.errors.report("tracer.trl: the step's live metrics", RuntimeError(error))
+        prefix = "eval_" if validate else ""
+        logs.update({prefix + key: value for key, value in (found or {}).items()})
 
     def _record(self, inputs: list[dict[str, Any]], output: dict[str, Any], t0: int) -> None:
         tr = self.trainer
