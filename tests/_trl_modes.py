@@ -4,8 +4,9 @@ processes):
 
 - ``env``: an ``environment_factory`` whose tool is a method of the environment and whose
   ``get_reward`` is a reward source, reward functions named ``score`` and ``fmt`` with weights
-  (``fmt`` returns None for odd rows), an evaluation (``eval_strategy="steps"``, an eval dataset
-  of two prompts in two batches), a Qwen3 chat template (thinking parsed apart);
+  (``fmt`` returns None for odd rows), an evaluation (``eval_strategy="steps"``, three prompts
+  in two batches, the first larger than a training batch), a Qwen3 chat template (thinking
+  parsed apart);
 - ``rollout``: a ``rollout_func`` whose completions hold environment tokens (``env_mask`` 0).
 
 The tiny random Qwen3 model (tiny-qwen3) never calls a tool or thinks by itself: the FIRST turn
@@ -27,7 +28,7 @@ FORCED = ('<think>\nThree more makes five.\n</think>\n\n<tool_call>\n{"name": "a
 THOUGHT = "Three more makes five."
 ROLLOUT_FIRST, ROLLOUT_ENV = "Answer: 5", "\n[environment] correct\n"
 ROLLOUT_LAST = " Done.<|im_end|>"
-QUESTIONS = ["Make the counter five.", "Reach five.", "Five, please.", "Get to five."]
+QUESTIONS = ["Make the counter five.", "Reach five.", "Five, please.", "Get to five.", "Five?"]
 
 
 class Counter:
@@ -118,7 +119,7 @@ def run_env(out: Path) -> dict[str, Any]:
 
     tok = _tokenizer()
     config = _config(out, "env", reward_weights=[2.0, 1.0], eval_strategy="steps", eval_steps=1,
-                     per_device_eval_batch_size=2, num_generations_eval=2)  # fmt: skip
+                     per_device_eval_batch_size=4, num_generations_eval=2)  # fmt: skip
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(str(resolve_model_path(TINY_QWEN3))),
         reward_funcs=[score, fmt], args=config, train_dataset=_dataset(QUESTIONS[:2]),

@@ -166,12 +166,12 @@ def test_evaluation_batches_are_validate_and_apart_in_export_report_and_flags(
     tables, _ = _export(runs["env"], runs["tmp"] / "env-export", capsys)
     rows = tables["trajectories"]
     val = sorted((r["step"], r["sample_index"], r["rollout_n"]) for r in rows if r["validate"])
-    # two eval batches of one group each: numbered apart, not both sample 0
-    assert val == [(1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    # two eval batches (4 rows, more than a training batch, then 2): numbered on, not again
+    assert val == [(1, s, n) for s in range(3) for n in range(2)]
     assert sum(not r["validate"] for r in rows) == 2
     store = ["--from", "jsonl", "--path", str(runs["env"])]
     assert main(["report", *store, "--out", str(runs["tmp"] / "report.html")]) == 0
-    assert "report of 2 training and 4 validation trajectories" in capsys.readouterr().out
+    assert "report of 2 training and 6 validation trajectories" in capsys.readouterr().out
     assert main(["flags", *store, "--json"]) == 0
     flags = json.loads(capsys.readouterr().out)
     validate = {r["trace_id"]: r["validate"] for r in rows}
@@ -182,7 +182,7 @@ def test_evaluation_batches_are_validate_and_apart_in_export_report_and_flags(
 @pytest.mark.slow(seconds=60)
 def test_an_environment_factorys_tool_calls_and_reward_are_traced(runs: dict[str, Path]) -> None:
     records = _records(runs["env"])
-    assert len(records) == 6
+    assert len(records) == 8
     for r in records:
         first = _spans(r, "generate")[0]
         # reset()'s observation is part of the prompt TRL generated from
@@ -211,7 +211,7 @@ def test_thinking_is_its_own_field_and_the_export_decodes_tokens_without_flags(
     tables, err = _export(runs["env"], out, capsys)
     forced = {r["trace_id"] for r in tables["trajectories"] if r["rollout_n"] == 0}
     first_turns = [t for t in tables["turns"] if t["trace_id"] in forced and t["turn_index"] == 0]
-    assert len(first_turns) == 3
+    assert len(first_turns) == 4
     for turn in first_turns:
         assert turn["reasoning"] == THOUGHT and "<think>" not in (turn["response_text"] or "")
     # the traces name their tokenizer (tiny-qwen3's folder): the token text, without --tokenizer

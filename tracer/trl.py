@@ -5,7 +5,7 @@
     trainer.train()
 
 Imported only by TRL users (``import tracer`` never imports this module, TRL or torch). It
-wraps two methods of the one trainer object it is given, nothing else:
+wraps three methods of the one trainer object it is given and adds a callback, nothing else:
 
 - ``_generate_and_score_completions``: the one place where TRL holds a generation batch's
   completions (structured messages with tool calls and tool results), token ids, the reward of
@@ -13,9 +13,14 @@ wraps two methods of the one trainer object it is given, nothing else:
   copied into one trajectory per completion and handed to the tracer's buffer (no I/O, no
   decoding here; the pipeline does that in the background). It is a private method of TRL, so
   :func:`trace` checks the trainer's shape first and names the tested versions when it differs.
+- ``_calculate_rewards``: where the batch's prompts and completions meet the reward of every
+  reward function, of every process (kept for the batch: TRL's own completion log holds only
+  the last training batch's rows, fewer than an evaluation batch may have).
 - ``log`` (public): the step's live analysis (``tracer.step_metrics``: ``patterns/*``,
   ``timing/*``, ``tracer/stuck_trajectories`` and the tracer's counters) joins the step's
-  metrics, so it reaches the trackers TRL already reports to (``report_to``), in the same run.
+  metrics, so it reaches the trackers TRL already reports to (``report_to``), in the same run;
+  with several processes, merged (:mod:`tracer.trl_ranks`).
+- a ``TrainerCallback``: tells the keep rules when a training step or an evaluation is over.
 
 ``docs/trl.md`` gives the mapping from TRL's fields to the trajectory's.
 """
@@ -34,7 +39,8 @@ from tracer.trl_spans import num, reward_span, rows, size, spans, token_turns, t
 log = logging.getLogger(__name__)
 
 TESTED_TRL = ("1.16",)  # major.minor versions the integration is tested against
-_NEEDS = ("_generate_and_score_completions", "_logs", "reward_func_names", "reward_weights",
+_NEEDS = ("_generate_and_score_completions", "_calculate_rewards", "reward_func_names",
+          "reward_weights",
           "num_generations", "state", "accelerator", "log", "add_callback")  # fmt: skip
 
 
@@ -63,10 +69,6 @@ def trace(trainer: Any, config: Any = None, **options: Any) -> TrlTrace:
 
 def _check(trainer: Any) -> None:
     missing = [name for name in _NEEDS if not hasattr(trainer, name)]
-    logs = getattr(trainer, "_logs", None)
-    if isinstance(logs, dict):
-        missing += [f"_logs[{k!r}]" for k in ("prompt", "completion", "rewards", "advantages")
-                    if k not in logs]  # fmt: skip
     if missing:
         version = _trl_version()
         raise TrlVersionError(
@@ -96,25 +98,38 @@ class TrlTrace:
         config = tracer.get_tracer().config
         self.errors = InternalErrors(bool(getattr(config, "raise_internal_errors", False)))
         self._generate = trainer._generate_and_score_completions
+        self._calculate = trainer._calculate_rewards
+        self._scored: tuple[Any, Any, Any] | None = None  # the batch TRL scored last
         self._log = trainer.log
         self._rows_seen: dict[tuple[int, bool], int] = {}
         self._callback: Any = None
 
     def install(self) -> None:
         self.trainer._generate_and_score_completions = self._generate_and_score
+        self.trainer._calculate_rewards = self._calculate_and_keep
         self.trainer.log = self._log_with_metrics
         self._callback = _step_end_callback()
         self.trainer.add_callback(self._callback)
 
     def remove(self) -> None:
-        for name in ("_generate_and_score_completions", "log"):
+        for name in ("_generate_and_score_completions", "_calculate_rewards", "log"):
             self.trainer.__dict__.pop(name, None)
         if self._callback is not None:
             self.trainer.remove_callback(self._callback)
             self._callback = None
 
+    def _calculate_and_keep(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's ``_calculate_rewards(inputs, prompts, completions, completion_ids)``: the
+        process's prompts (with an environment's ``reset()`` text) and completions, and the
+        rewards of every process's rows, kept for the batch's trajectories."""
+        rewards = self._calculate(*args, **kwargs)
+        named = dict(zip(("inputs", "prompts", "completions"), args, strict=False)) | kwargs
+        self._scored = (named.get("prompts"), named.get("completions"), rewards)
+        return rewards
+
     def _generate_and_score(self, inputs: Any) -> Any:
         t0 = time_ns()
+        self._scored = None
         output = self._generate(inputs)
         try:  # a tracing error never reaches the trainer (but does in the project's tests)
             self._record(inputs, output, t0)
@@ -153,18 +168,15 @@ class TrlTrace:
             return
         validate = not tr.model.training
         world, rank = tr.accelerator.num_processes, tr.accelerator.process_index
-        logs = tr._logs
-        # TRL logs the rows of every process (gathered, in rank order): this process's come
-        # after those of the ranks before it, at the end of the log
-        first = len(logs["prompt"]) - local * world + local * rank
-        if first < 0:
-            raise ValueError("tracer.trl: TRL's completion log holds fewer rows than the batch")
-        mine = range(first, first + local)
-        prompts = [logs["prompt"][i] for i in mine]
-        completions = [logs["completion"][i] for i in mine]
-        advantages = [logs["advantages"][i] for i in mine]
+        prompts, completions, rewards = self._scored or (None, None, None)
+        if prompts is None or completions is None or rewards is None:
+            raise ValueError("tracer.trl: TRL scored no completions in this batch")
+        # TRL gathers every process's rewards, in process order: this process's rows follow
+        # those of the processes before it; the advantages are this process's already
+        mine = rewards.tolist()[rank * local : (rank + 1) * local]
+        advantages = output["advantages"].tolist()
         names = list(tr.reward_func_names)
-        parts = {name: [logs["rewards"][name][i] for i in mine] for name in names}
+        parts = {name: [row[i] for row in mine] for i, name in enumerate(names)}
         weights = [float(w) for w in tr.reward_weights.tolist()]
         ids = token_turns(output)
         prompt_ids = rows(output["prompt_ids"], output["prompt_mask"]) if ids else None
@@ -176,7 +188,7 @@ class TrlTrace:
         step = tr.state.global_step + (0 if validate else 1)  # the step TRL logs them under
         before = self._batch_offset(step, validate, local * world)
         tokenizer = getattr(tr, "processing_class", None)
-        name = tokenizer_name(tokenizer)
+        tokenizer_id = tokenizer_name(tokenizer)
         t1 = time_ns()
         for j in range(local):
             # the row in the step's gathered batches: a GRPO group is consecutive rows, which
@@ -202,8 +214,8 @@ class TrlTrace:
                 for span in made:
                     if span.kind == "generate":
                         span.tokenizer = tokenizer
-                        if name:  # an export decodes the tokens table with it, token2text or not
-                            span.set_attr("tokenizer", name)
+                        if tokenizer_id:  # an export decodes the tokens table by it
+                            span.set_attr("tokenizer", tokenizer_id)
                 traj.spans.extend(made)
                 traj.nbytes += sum(size(s.inputs) + size(s.outputs) for s in made)
         self.traced += local
