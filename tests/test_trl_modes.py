@@ -224,19 +224,51 @@ def test_thinking_is_its_own_field_and_the_export_decodes_tokens_without_flags(
     assert "turn.reasoning ?" in html
 
 
-def test_a_tokenizer_that_cannot_be_loaded_is_named_in_the_note(
-    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+def _hub_cache(root: Path, repo: str, folder: Path) -> Path:
+    """A Hugging Face hub cache holding ``repo``'s tokenizer files (from ``folder``), laid out
+    as huggingface_hub lays out what it downloads."""
+    base = root / f"models--{repo.replace('/', '--')}"
+    snapshot = base / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text("0" * 40)
+    for f in folder.iterdir():
+        if f.suffix in (".json", ".jinja"):
+            (snapshot / f.name).write_bytes(f.read_bytes())
+    return root
+
+
+def test_the_export_loads_a_named_tokenizer_from_the_local_cache_or_says_why_not(
+    runs: dict[str, Path],
 ) -> None:
+    """Traces recorded elsewhere name a model id (cached here: decoded), another machine's
+    folder and an id not cached here (both named in the note, with why)."""
+    import pyarrow.parquet as pq
+
     lines = runs["rollout"].read_text(encoding="utf-8").splitlines()
+    folder = json.loads(lines[0])["spans"][1]["attributes"]["tokenizer"]
+    cache = _hub_cache(runs["tmp"] / "hub", "tiny-org/tiny-qwen3", Path(folder))
+    names = ["tiny-org/tiny-qwen3", str(ROOT.parent / "no-such-model"), "no-such-org/no-model"]
     moved = runs["tmp"] / "elsewhere.jsonl"
-    name = json.dumps(str(ROOT.parent / "no-such-model"))  # another machine's folder
-    hub = json.dumps("no-such-org/no-such-model")  # a model id not in this machine's cache
-    folder = json.dumps(json.loads(lines[0])["spans"][1]["attributes"]["tokenizer"])
-    moved.write_text("\n".join([lines[0].replace(folder, name), lines[1].replace(folder, hub)])
-                     + "\n", encoding="utf-8")  # fmt: skip
-    _, err = _export(moved, runs["tmp"] / "elsewhere", capsys)
-    assert "token ids without their text" in err and "--tokenizer" in err
-    assert "no-such-org/no-such-model: a Hugging Face model id not in this machine's" in err
+    with moved.open("w", encoding="utf-8") as f:
+        for k, name in enumerate(names):  # three trajectories, renamed (new trace ids)
+            line = lines[k % 2].replace(json.dumps(folder), json.dumps(name))
+            record = json.loads(line)
+            record["trace_id"] = f"{k + 1:032x}"
+            f.write(json.dumps(record) + "\n")
+    out = runs["tmp"] / "elsewhere"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache),
+           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "rollout.cli", "export", "--from", "jsonl",
+                           "--path", str(moved), "--out", str(out), "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens = pq.read_table(out / "tokens.parquet").to_pylist()
+    text = {t["trace_id"]: t["token"] is not None for t in tokens}
+    assert text == {f"{1:032x}": True, f"{2:032x}": False, f"{3:032x}": False}
+    assert "token ids without their text" in done.stderr and "--tokenizer" in done.stderr
+    assert f"{names[1]}: neither a builtin model name nor a folder" in done.stderr
+    assert f"{names[2]}: a Hugging Face model id not in this machine's" in done.stderr
 
 
 @pytest.mark.slow(seconds=60)
