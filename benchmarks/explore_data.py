@@ -224,6 +224,7 @@ class Generator:
             "latency_ms": rng.gamma(3.0, 100.0, count * TURNS),
             "prompt_text": [prompt[i] for i in rep],
             "response_text": responses,
+            "reasoning": [None] * (count * TURNS),
             "prompt_tokens": rng.integers(40, 400, count * TURNS),
             "response_tokens": resp_tok.reshape(-1),
             "finish_reason": np.where(pos == TURNS - 1, finish[rep], "stop"),

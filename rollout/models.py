@@ -238,6 +238,20 @@ def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
     return model, tok
 
 
+def _hub_tokenizer(name: str) -> tuple[Any, str]:
+    """A Hugging Face model id's tokenizer from the local cache only (an export never
+    downloads): (tokenizer, "") or (None, why not)."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name, local_files_only=True), ""
+    except ImportError as exc:
+        return None, f"{exc.name} is not installed: pip install 'rollout-tracer[rollout]'"
+    except Exception:  # not in the cache (OSError), or a broken cached copy
+        return None, ("a Hugging Face model id not in this machine's Hugging Face cache "
+                      "(the export never downloads)")
+
+
 class TraceTokenizers:
     """The tokenizer a trace names (token2text records its ``name_or_path``), for an export's
     tokens table: loaded once per name; a builtin model's name, a local folder, or a builtin's
@@ -271,6 +285,10 @@ class TraceTokenizers:
                 why = f"{exc.name} is not installed: pip install 'rollout-tracer[rollout]'"
             except Exception as exc:  # a folder without tokenizer files, a broken one
                 why = f"{type(exc).__name__}: {exc}"
+        if not candidates and "/" in name and not name.startswith(("/", ".", "~")):
+            found, why = _hub_tokenizer(name)
+            if found is not None:
+                return found
         self.missing[name] = why
         return None
 

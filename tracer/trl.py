@@ -5,7 +5,7 @@
     trainer.train()
 
 Imported only by TRL users (``import tracer`` never imports this module, TRL or torch). It
-wraps two methods of the one trainer object it is given, nothing else:
+wraps three methods of the one trainer object it is given and adds a callback, nothing else:
 
 - ``_generate_and_score_completions``: the one place where TRL holds a generation batch's
   completions (structured messages with tool calls and tool results), token ids, the reward of
@@ -13,29 +13,34 @@ wraps two methods of the one trainer object it is given, nothing else:
   copied into one trajectory per completion and handed to the tracer's buffer (no I/O, no
   decoding here; the pipeline does that in the background). It is a private method of TRL, so
   :func:`trace` checks the trainer's shape first and names the tested versions when it differs.
+- ``_calculate_rewards``: where the batch's prompts and completions meet the reward of every
+  reward function, of every process (kept for the batch: TRL's own completion log holds only
+  the last training batch's rows, fewer than an evaluation batch may have).
 - ``log`` (public): the step's live analysis (``tracer.step_metrics``: ``patterns/*``,
   ``timing/*``, ``tracer/stuck_trajectories`` and the tracer's counters) joins the step's
-  metrics, so it reaches the trackers TRL already reports to (``report_to``), in the same run.
+  metrics, so it reaches the trackers TRL already reports to (``report_to``), in the same run;
+  with several processes, merged (:mod:`tracer.trl_ranks`).
+- a ``TrainerCallback``: tells the keep rules when a training step or an evaluation is over.
 
 ``docs/trl.md`` gives the mapping from TRL's fields to the trajectory's.
 """
 
 from __future__ import annotations
 
-import ast
 import logging
-import math
 from time import time_ns
 from typing import Any
 
 import tracer
 from tracer.errors import InternalErrors
-from tracer.trajectory import Span
+from tracer.trl_ranks import step_metrics
+from tracer.trl_spans import num, reward_span, rows, size, spans, token_turns, tokenizer_name
 
 log = logging.getLogger(__name__)
 
 TESTED_TRL = ("1.16",)  # major.minor versions the integration is tested against
-_NEEDS = ("_generate_and_score_completions", "_logs", "reward_func_names", "reward_weights",
+_NEEDS = ("_generate_and_score_completions", "_calculate_rewards", "reward_func_names",
+          "reward_weights",
           "num_generations", "state", "accelerator", "log", "add_callback")  # fmt: skip
 
 
@@ -64,10 +69,6 @@ def trace(trainer: Any, config: Any = None, **options: Any) -> TrlTrace:
 
 def _check(trainer: Any) -> None:
     missing = [name for name in _NEEDS if not hasattr(trainer, name)]
-    logs = getattr(trainer, "_logs", None)
-    if isinstance(logs, dict):
-        missing += [f"_logs[{k!r}]" for k in ("prompt", "completion", "rewards", "advantages")
-                    if k not in logs]  # fmt: skip
     if missing:
         version = _trl_version()
         raise TrlVersionError(
@@ -97,18 +98,38 @@ class TrlTrace:
         config = tracer.get_tracer().config
         self.errors = InternalErrors(bool(getattr(config, "raise_internal_errors", False)))
         self._generate = trainer._generate_and_score_completions
+        self._calculate = trainer._calculate_rewards
+        self._scored: tuple[Any, Any, Any] | None = None  # the batch TRL scored last
         self._log = trainer.log
+        self._rows_seen: dict[tuple[int, bool], int] = {}
+        self._callback: Any = None
 
     def install(self) -> None:
         self.trainer._generate_and_score_completions = self._generate_and_score
+        self.trainer._calculate_rewards = self._calculate_and_keep
         self.trainer.log = self._log_with_metrics
+        self._callback = _step_end_callback()
+        self.trainer.add_callback(self._callback)
 
     def remove(self) -> None:
-        for name in ("_generate_and_score_completions", "log"):
+        for name in ("_generate_and_score_completions", "_calculate_rewards", "log"):
             self.trainer.__dict__.pop(name, None)
+        if self._callback is not None:
+            self.trainer.remove_callback(self._callback)
+            self._callback = None
+
+    def _calculate_and_keep(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's ``_calculate_rewards(inputs, prompts, completions, completion_ids)``: the
+        process's prompts (with an environment's ``reset()`` text) and completions, and the
+        rewards of every process's rows, kept for the batch's trajectories."""
+        rewards = self._calculate(*args, **kwargs)
+        named = dict(zip(("inputs", "prompts", "completions"), args, strict=False)) | kwargs
+        self._scored = (named.get("prompts"), named.get("completions"), rewards)
+        return rewards
 
     def _generate_and_score(self, inputs: Any) -> Any:
         t0 = time_ns()
+        self._scored = None
         output = self._generate(inputs)
         try:  # a tracing error never reaches the trainer (but does in the project's tests)
             self._record(inputs, output, t0)
@@ -117,13 +138,28 @@ class TrlTrace:
         return output
 
     def _log_with_metrics(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self.trainer.model.training and not any(k.startswith("eval_") for k in logs):
-            try:  # the live analysis of the step TRL logs now (its completions' step)
-                logs.update(tracer.step_metrics(self.trainer.state.global_step, timeout_s=5.0))
-            except Exception as exc:
-                self.errors.report("tracer.trl: the step's live metrics", exc)
-            logs["tracer/trl_completions"] = float(self.traced)
+        # only the logs every process writes at once (a training step's, an evaluation's): the
+        # numbers of several processes are merged by a collective they all must enter
+        if self.trainer.model.training and "loss" in logs:
+            self._add_step_metrics(logs, validate=False)
+        elif "eval_loss" in logs:
+            self._add_step_metrics(logs, validate=True)
         self._log(logs, start_time)
+
+    def _add_step_metrics(self, logs: dict[str, float], validate: bool) -> None:
+        """The live analysis of the step TRL logs now (its completions' step), every
+        process's merged; the main process logs them (evaluation's as ``eval_*``)."""
+        tr = self.trainer
+        try:
+            found, errors = step_metrics(tr.accelerator, tr.state.global_step, validate,
+                                         self.traced)  # fmt: skip
+        except Exception as exc:
+            self.errors.report("tracer.trl: the step's live metrics", exc)
+            return
+        for error in errors:
+            self.errors.report("tracer.trl: the step's live metrics", RuntimeError(error))
+        prefix = "eval_" if validate else ""
+        logs.update({prefix + key: value for key, value in (found or {}).items()})
 
     def _record(self, inputs: list[dict[str, Any]], output: dict[str, Any], t0: int) -> None:
         tr = self.trainer
@@ -132,180 +168,79 @@ class TrlTrace:
             return
         validate = not tr.model.training
         world, rank = tr.accelerator.num_processes, tr.accelerator.process_index
-        logs = tr._logs
-        first = len(logs["prompt"]) - local * world + local * rank  # this process's rows
-        if first < 0:
-            raise ValueError("tracer.trl: TRL's completion log holds fewer rows than the batch")
-        rows = range(first, first + local)
-        prompts = [logs["prompt"][i] for i in rows]
-        completions = [logs["completion"][i] for i in rows]
-        advantages = [logs["advantages"][i] for i in rows]
+        prompts, completions, rewards = self._scored or (None, None, None)
+        if prompts is None or completions is None or rewards is None:
+            raise ValueError("tracer.trl: TRL scored no completions in this batch")
+        # TRL gathers every process's rewards, in process order: this process's rows follow
+        # those of the processes before it; the advantages are this process's already
+        mine = rewards.tolist()[rank * local : (rank + 1) * local]
+        advantages = output["advantages"].tolist()
         names = list(tr.reward_func_names)
-        parts = {name: [logs["rewards"][name][i] for i in rows] for name in names}
+        parts = {name: [row[i] for row in mine] for i, name in enumerate(names)}
         weights = [float(w) for w in tr.reward_weights.tolist()]
-        ids = _token_turns(output)
-        prompt_ids = _rows(output["prompt_ids"], output["prompt_mask"]) if ids else None
+        ids = token_turns(output)
+        prompt_ids = rows(output["prompt_ids"], output["prompt_mask"]) if ids else None
         logprobs = output.get("sampling_per_token_logps")
-        lps = _rows(logprobs, output["completion_mask"]) if logprobs is not None else None
+        lps = rows(logprobs, output["completion_mask"]) if logprobs is not None else None
         eos = set(getattr(tr, "eos_token_ids", None) or [])
         groups = tr.num_generations if not validate else getattr(tr, "num_generations_eval", None)
         groups = groups or tr.num_generations
         step = tr.state.global_step + (0 if validate else 1)  # the step TRL logs them under
+        before = self._batch_offset(step, validate, local * world)
+        tokenizer = getattr(tr, "processing_class", None)
+        tokenizer_id = tokenizer_name(tokenizer)
         t1 = time_ns()
         for j in range(local):
-            index = rank * local + j  # row in the gathered batch: groups are consecutive rows
-            scores = {name: _num(parts[name][j]) for name in names}
+            # the row in the step's gathered batches: a GRPO group is consecutive rows, which
+            # may lie on several processes (every process computes the same index for a row)
+            index = before + rank * local + j
+            scores = {name: num(parts[name][j]) for name in names}
             present = [(w, s) for w, s in zip(weights, scores.values(), strict=True)
                        if s is not None]  # fmt: skip
             total = sum(w * s for w, s in present) if present else None
             with tracer.trace_attr(step=step, sample_index=index // groups,
                                    rollout_n=index % groups, validate=validate, name="completion",
                                    policy_version=tr.state.global_step, reward=total,
-                                   advantage=_num(advantages[j]),
+                                   advantage=num(advantages[j]),
                                    framework="trl") as traj:  # fmt: skip
                 if traj is None:
                     continue
                 traj.start_ns = t0
-                spans = _spans(traj.root_id, prompts[j], completions[j], ids[j] if ids else None,
-                               prompt_ids[j] if prompt_ids else None, lps[j] if lps else None,
-                               eos, t0, t1)  # fmt: skip
-                spans.append(_reward_span(traj.root_id, completions[j], scores, total,
-                                          t1 + len(spans)))  # fmt: skip
-                tokenizer = getattr(tr, "processing_class", None)
-                for span in spans:
+                made = spans(traj.root_id, prompts[j], completions[j], ids[j] if ids else None,
+                             prompt_ids[j] if prompt_ids else None, lps[j] if lps else None,
+                             eos, t0, t1)  # fmt: skip
+                made.append(reward_span(traj.root_id, completions[j], scores, total,
+                                        t1 + len(made)))  # fmt: skip
+                for span in made:
                     if span.kind == "generate":
                         span.tokenizer = tokenizer
-                traj.spans.extend(spans)
-                traj.nbytes += sum(_size(s.inputs) + _size(s.outputs) for s in spans)
+                        if tokenizer_id:  # an export decodes the tokens table by it
+                            span.set_attr("tokenizer", tokenizer_id)
+                traj.spans.extend(made)
+                traj.nbytes += sum(size(s.inputs) + size(s.outputs) for s in made)
         self.traced += local
-        # the batch is the whole step (per process): the keep rules may decide its groups now
-        tracer.end_step(step, validate)
+
+    def _batch_offset(self, step: int, validate: bool, rows: int) -> int:
+        """Rows of (step, validate) traced before this batch (all processes): an evaluation
+        runs several batches under one step, and so does training when a step generates more
+        than once; every process sees the same batches in the same order."""
+        key = (step, validate)
+        before = self._rows_seen.get(key, 0)
+        self._rows_seen = {k: v for k, v in self._rows_seen.items() if k[0] >= step - 1}
+        self._rows_seen[key] = before + rows
+        return before
 
 
-def _num(value: Any) -> float | None:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+def _step_end_callback() -> Any:
+    """A ``TrainerCallback`` that tells the keep rules a step is over: a training step after
+    its optimizer step, an evaluation when it ends (its batches all traced)."""
+    from transformers import TrainerCallback
 
+    class _EndStep(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            tracer.end_step(state.global_step, False)
 
-def _rows(tensor: Any, mask: Any) -> list[list[Any]]:
-    """Each row of a padded (batch x length) tensor, cut to its mask."""
-    values, keep = tensor.tolist(), mask.tolist()
-    return [
-        [v for v, m in zip(row, k, strict=False) if m] for row, k in zip(values, keep, strict=True)
-    ]
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            tracer.end_step(state.global_step, True)
 
-
-def _token_turns(output: dict[str, Any]) -> list[list[tuple[list[int], list[int]]]] | None:
-    """Per completion: its model turns' token ids, each with the tool-result ids that follow
-    it (TRL's ``tool_mask`` 0), as (model_ids, tool_ids) pairs."""
-    ids = output.get("completion_ids")
-    if ids is None:
-        return None
-    mask = output["completion_mask"]
-    rows = _rows(ids, mask)
-    tool = output.get("tool_mask")
-    tools = _rows(tool, mask) if tool is not None else [[1] * len(r) for r in rows]
-    out = []
-    for row, marks in zip(rows, tools, strict=True):
-        turns: list[tuple[list[int], list[int]]] = []
-        for token, mark in zip(row, marks, strict=False):
-            if not turns or (mark and turns[-1][1]):  # a model token after tool tokens
-                turns.append(([], []))
-            turns[-1][1 if not mark else 0].append(token)
-        out.append(turns)
-    return out
-
-
-def _spans(root: int, prompt: Any, completion: Any, turns: list[tuple[list[int], list[int]]] | None,
-           prompt_ids: list[int] | None, logprobs: list[float] | None, eos: set[int], t0: int,
-           t1: int) -> list[Span]:  # fmt: skip
-    """One generate span per assistant message (its prompt ids: the prompt and every token
-    before the turn, tool results included) and one tool span per tool call. TRL does not
-    time single turns: each span carries the generation batch's window (start ``t0`` plus its
-    order in nanoseconds, end ``t1``) and ``timing="trl_batch"``."""
-    messages = completion if isinstance(completion, list) else [
-        {"role": "assistant", "content": completion}]  # fmt: skip
-    history = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-    if turns is not None and len(turns) != len(assistant):
-        turns = None  # TRL rolled a turn back (too long): keep the text, not misplaced ids
-    spans: list[Span] = []
-    offset = 0
-    context = list(prompt_ids or [])
-    for k, i in enumerate(assistant):
-        msg = messages[i]
-        calls = msg.get("tool_calls") or []
-        out: dict[str, Any] = {"content": _text(msg.get("content")), "tool_calls": calls or None}
-        inputs: dict[str, Any] = {"messages": history + messages[:i]}
-        if turns is not None:
-            model_ids = turns[k][0]
-            if prompt_ids is not None:
-                inputs["prompt_ids"] = list(context)
-                context += model_ids + turns[k][1]
-            out["response_ids"] = list(model_ids)
-            if logprobs is not None:
-                out["logprobs"] = logprobs[offset : offset + len(model_ids)]
-            offset += len(model_ids) + len(turns[k][1])
-            last = model_ids[-1] if model_ids else None
-            out["finish_reason"] = ("tool_calls" if calls else
-                                    "stop" if last in eos else "length")  # fmt: skip
-        gen = Span("generate", "generate", root, inputs, t0 + len(spans) + 1)
-        gen.outputs, gen.end_ns = out, t1
-        gen.set_attr("timing", "trl_batch")
-        spans.append(gen)
-        results = [m for m in messages[i + 1 :]]
-        results = results[: next((n for n, m in enumerate(results) if m.get("role") != "tool"),
-                                 len(results))]  # fmt: skip
-        for c, call in enumerate(calls):
-            function = call.get("function", call) if isinstance(call, dict) else {}
-            name = str(function.get("name", "unknown"))
-            result = results[c].get("content") if c < len(results) else None
-            tool = Span(name, "tool", root, {"name": name, "arguments": function.get("arguments")},
-                        t0 + len(spans) + 1)  # fmt: skip
-            tool.outputs, tool.end_ns = _tool_result(result), t1
-            tool.set_attr("tool_name", name)
-            tool.set_attr("timing", "trl_batch")
-            spans.append(tool)
-    return spans
-
-
-def _tool_result(content: Any) -> Any:
-    """A tool message's content; TRL writes a failed call as ``str({"error": message})``:
-    that becomes ``{"content": ..., "error": message}``, which every reader counts as failed."""
-    if content is None:
-        return {"content": None, "error": "no result (TRL dropped it: too long)"}
-    if isinstance(content, str) and content.startswith("{'error': "):
-        try:
-            parsed = ast.literal_eval(content)
-        except (ValueError, SyntaxError):
-            parsed = None
-        if isinstance(parsed, dict) and set(parsed) == {"error"}:
-            return {"content": content, "error": str(parsed["error"])}
-    return content if isinstance(content, str) else {"content": content}
-
-
-def _reward_span(root: int, completion: Any, scores: dict[str, float | None],
-                 total: float | None, start: int) -> Span:  # fmt: skip
-    """The reward span: each reward function's value under its name (the reward parts, as a
-    verl reward function's extra keys), then ``score``, the weighted sum TRL trains on."""
-    text = completion
-    if isinstance(completion, list):
-        text = next((_text(m.get("content")) for m in reversed(completion)
-                     if m.get("role") == "assistant"), None)  # fmt: skip
-    span = Span("reward", "reward", root, {"solution_str": text}, start)
-    span.outputs = {**scores, "score": total}
-    span.end_ns = start
-    return span
-
-
-def _text(content: Any) -> Any:
-    if isinstance(content, list):  # content blocks: their text parts
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return content
-
-
-def _size(value: Any) -> int:
-    return len(repr(value)) if value is not None else 0
+    return _EndStep()

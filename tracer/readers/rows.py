@@ -140,6 +140,7 @@ def turn_row(record: TrajectoryRecord, index: int, span: SpanRecord) -> Row:
         "latency_ms": _ms(span),
         "prompt_text": _text(attrs.get("prompt_text")),
         "response_text": _text(response_text),
+        "reasoning": _text(_field(outputs, "reasoning_content", "reasoning")),
         "prompt_tokens": _int_or_none(prompt_tokens),
         "response_tokens": _int_or_none(response_tokens),
         "finish_reason": _text(attrs.get("finish_reason") or _field(outputs, "finish_reason")),

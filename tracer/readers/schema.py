@@ -95,6 +95,8 @@ TURNS: list[Column] = [
     ("latency_ms", "float64", "span duration in milliseconds"),
     ("prompt_text", "string", "decoded prompt token ids (token2text)"),
     ("response_text", "string", "decoded response token ids (token2text)"),
+    ("reasoning", "string", "the model's thinking, where it came apart from the answer "
+                            "(`reasoning_content`: TRL with a Qwen3-style template)"),
     ("prompt_tokens", "int64", "number of prompt token ids"),
     ("response_tokens", "int64", "number of response token ids"),
     ("finish_reason", "string", "`stop`, `length`, ... as returned by the engine"),

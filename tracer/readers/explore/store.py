@@ -177,9 +177,9 @@ class Store:
             raise ApiError(f"unknown run {name!r}; runs: {', '.join(self.runs)}", 404)
         return f"{self._view[name]}_{table}"
 
-    def has_column(self, run: str | None, column: str) -> bool:
-        """Whether the run's trajectories table has ``column`` (an older export may not)."""
-        t = self.table(run, "trajectories")
+    def has_column(self, run: str | None, column: str, table: str = "trajectories") -> bool:
+        """Whether the run's ``table`` has ``column`` (an older export may not)."""
+        t = self.table(run, table)
         key = ("columns", t, self.runs[run or next(iter(self.runs))].folder)
         names = self.cached(key, lambda: [r["column_name"] for r in
                                           self.query(f"DESCRIBE SELECT * FROM {t}")])  # fmt: skip
@@ -345,7 +345,8 @@ class Store:
         r = self.runs[run or next(iter(self.runs))]
 
         def columns(table: str, without: tuple[str, ...] = ()) -> list[str]:
-            return [c for c in arrow_schema(table).names if c not in without]
+            return [c for c in arrow_schema(table).names
+                    if c not in without and self.has_column(run, c, table)]  # fmt: skip
 
         turns = self._per_trajectory(run, "turns", step, trace_id,
                                      columns("turns", ("logprobs",)), "turn_index")  # fmt: skip
