@@ -113,7 +113,9 @@ def _normalize(config: dict[str, Any]) -> None:
 def trace_config(config: dict[str, Any]) -> dict[str, Any]:
     """The mapping for ``tracer.init``: the ``rollout.trace`` section plus project names."""
     trace = dict(config["actor_rollout_ref"]["rollout"].get("trace") or {})
-    trace = {k: v for k, v in trace.items() if v is not None or k == "backend"}
+    # null and [] in the section say nothing (config/rollout.yaml lists keys at their default):
+    # $ROLLOUT_TRACER_<FIELD> and the options file may set them; any other value wins over both
+    trace = {k: v for k, v in trace.items() if (v is not None and v != []) or k == "backend"}
     trace.setdefault("project_name", config["trainer"]["project_name"])
     trace.setdefault("experiment_name", config["trainer"]["experiment_name"])
     if trace.get("keep"):  # a GRPO group is decided as soon as its n rollouts are in

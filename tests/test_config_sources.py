@@ -91,11 +91,11 @@ def test_verl_style_init_reads_the_same_sources(monkeypatch: pytest.MonkeyPatch)
         RolloutTraceConfig.init("proj", "exp", "memory")
 
 
-def _sample_text(annotation: str) -> str:
+def _sample_text(name: str, annotation: str) -> str:
     kind = annotation.split("|")[0].strip()
     return {"bool": "1", "int": "1", "float": "1.5"}.get(kind) or (
-        "{}" if kind.startswith("dict") else "a"
-    )
+        "{}" if kind.startswith("dict") else {"on_backend_error": "warn", "keep": "errors",
+                                              "otlp_conventions": "genai"}.get(name, "a"))
 
 
 def test_every_field_has_its_variable_with_no_list_to_update() -> None:
@@ -106,11 +106,12 @@ def test_every_field_has_its_variable_with_no_list_to_update() -> None:
     assert set(NOT_FROM_ENV) <= names  # the exclusions name real fields
     for name, f in env_fields().items():
         var = "ROLLOUT_TRACER_" + name.upper()
-        assert name in options_from_env({var: _sample_text(str(f.type))}), var
+        assert name in options_from_env({var: _sample_text(name, str(f.type))}), var
 
 
 # deliberate misspellings and refusals that the tests and docs show
-SHOWN_WRONG = {"SPOL_DIR", "VRL", "BACKEND"}
+# and variables of someone else that the tracer must only warn about
+SHOWN_WRONG = {"SPOL_DIR", "VRL", "BACKEND", "REDACTT", "HOME", "LOG_LEVEL"}
 
 
 def test_every_rollout_tracer_variable_the_project_names_is_known() -> None:
@@ -140,13 +141,18 @@ def test_the_configuration_page_tells_the_order_and_the_others() -> None:
 
 
 def test_the_main_jobs_config_gets_the_variables_too(tmp_path: Path) -> None:
-    """`rollout-tracer run`'s trace section says `keep: []` and `tracking_uri: null`: values at
-    their default say nothing, so the variables fill them (rollout/cli.py merges before it
-    picks the MLflow store)."""
+    """`rollout-tracer run`'s trace section (config/rollout.yaml) says `keep: []` and
+    `tracking_uri: null`: the section's null and [] say nothing, so the variables fill them
+    (rollout/cli.py merges before it picks the MLflow store); any other value wins."""
+    from rollout.config import load_config, trace_config
     from tracer.config_sources import merged_options
 
-    section = {"backend": "mlflow", "keep": [], "tracking_uri": None, "token2text": True}
+    config = load_config([])
+    section = config["actor_rollout_ref"]["rollout"]["trace"]
+    assert section["keep"] == [] and section["tracking_uri"] is None
     env = {"ROLLOUT_TRACER_KEEP": "errors", "ROLLOUT_TRACER_TRACKING_URI": "sqlite:///x.db"}
-    assert merged_options(section, env) == {**section, "keep": ["errors"],
-                                            "tracking_uri": "sqlite:///x.db"}  # fmt: skip
-    assert merged_options({**section, "keep": ["tool_errors"]}, env)["keep"] == ["tool_errors"]
+    merged = merged_options(trace_config(config), env)
+    assert (merged["keep"], merged["tracking_uri"]) == (["errors"], "sqlite:///x.db")
+    section["keep"] = ["tool_errors"]
+    assert merged_options(trace_config(config), env)["keep"] == ["tool_errors"]
+    assert merged_options({"keep": []}, env)["keep"] == []  # a mapping's key is said

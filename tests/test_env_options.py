@@ -54,9 +54,14 @@ def test_a_file_and_variables_that_win_over_it(tmp_path: Path) -> None:
         ({"ROLLOUT_TRACER_REDACT": "maybe"}, "ROLLOUT_TRACER_REDACT='maybe'"),
         ({"ROLLOUT_TRACER_MAX_FIELD_CHARS": "lots"}, "ROLLOUT_TRACER_MAX_FIELD_CHARS"),
         ({"ROLLOUT_TRACER_CONFIG": "/no/such/file.yaml"}, "cannot read ROLLOUT_TRACER_CONFIG"),
+        ({"ROLLOUT_TRACER_REDACT": "no"}, None),  # a boolean's spelling: accepted
+        ({"ROLLOUT_TRACER_HOME": "/home/x"}, None),  # someone else's variable: a warning
     ],
 )
-def test_mistakes_are_named(env: dict[str, str], message: str) -> None:
+def test_mistakes_are_named(env: dict[str, str], message: str | None) -> None:
+    if message is None:
+        options_from_env(env)
+        return
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("`", ".")):
         options_from_env(env)
 

@@ -139,5 +139,5 @@ def test_default_is_both_and_bad_names_fail() -> None:
     assert TraceConfig(backend=None, otlp_conventions="GenAI").otlp_conventions == ["genai"]
     with pytest.raises(ConfigError, match=r"openinferense.*openinference.*accepts: genai, open"):
         TraceConfig(backend=None, otlp_conventions=["genai", "openinferense"])
-    with pytest.raises(ConfigError, match="must be a list"):
+    with pytest.raises(ConfigError, match="must be a name or a list"):
         TraceConfig(backend=None, otlp_conventions=3)  # type: ignore[arg-type]

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message says which values are accepted."""
-
+from tracer.config_values import ConfigError, check_value
 
 # Keep rules (tail sampling, tracer/keep.py): names accepted in ``TraceConfig.keep``.
 KEEP_RULES = ("errors", "extreme_rewards", "zero_variance_groups", "tool_errors", "truncated",
@@ -130,54 +128,62 @@ class TraceConfig:
     raise_internal_errors: bool = False
 
     def __post_init__(self) -> None:
+        # every value, whatever it is, against its field's type and range (tracer/config_values.py)
+        for f in dataclasses.fields(self):
+            check_value(f.name, getattr(self, f.name), str(f.type), self._source(f.name))
+        for name, check in (("backend", self._check_backends), ("keep", self._check_keep),
+                            ("otlp_conventions", self._check_conventions),
+                            ("redact_patterns", self._check_patterns)):  # fmt: skip
+            try:
+                check()
+            except ConfigError as exc:
+                raise ConfigError(f"{self._source(name)}: {exc}") from None
+
+    def _source(self, name: str) -> str:
+        """Where the value of ``name`` came from, for an error (see :meth:`from_sources`)."""
+        return self.__dict__.get("_sources", {}).get(name) or f"TraceConfig({name}=...)"
+
+    @classmethod
+    def from_sources(
+        cls, values: Mapping[str, Any], said: Iterable[str], sources: Mapping[str, str]
+    ) -> TraceConfig:
+        """The config made of ``values``, of which the code said ``said``; an invalid value's
+        error names its source from ``sources`` (``file PATH:key``, ``ROLLOUT_TRACER_X``)
+        instead of ``TraceConfig(x=...)``. For tracer/config_sources.py."""
+        config = cls.__new__(cls)
+        config.__dict__["_sources"] = dict(sources)
+        config.__init__(**dict(values))  # type: ignore[misc]
+        del config.__dict__["_sources"]
+        config.__dict__["_said"] = frozenset(said)
+        return config
+
+    def _check_backends(self) -> None:
+        from tracer.backends import check_backends  # the registry: names registered so far
+
         self.backend = _normalize_backends(self.backend)
-        if self.max_samples_per_step_per_worker is not None:
-            n = self.max_samples_per_step_per_worker
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ConfigError(
-                    "max_samples_per_step_per_worker must be None (trace all), 0 (trace none) "
-                    f"or a positive integer, got {n!r}"
-                )
-        self._check_keep()
-        self._check_conventions()
-        for name in (
-            "max_buffer_trajectories",
-            "max_buffer_bytes",
-            "max_field_chars",
-            "max_list_items",
-            "export_batch_size",
-            "max_spool_bytes",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if not (self.annotation_timeout_s >= 0):
-            raise ConfigError(
-                f"annotation_timeout_s must be >= 0, got {self.annotation_timeout_s!r}")
-        if not isinstance(self.live_steps, int) or isinstance(self.live_steps, bool) or (
-                self.live_steps < 0):
-            raise ConfigError(f"live_steps must be an integer >= 0 (0: off), got "
-                              f"{self.live_steps!r}")
-        if not (self.stuck_after_s >= 0):
-            raise ConfigError(f"stuck_after_s must be >= 0 (0: off), got {self.stuck_after_s!r}")
-        if not (self.flush_interval_s > 0):
-            raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s!r}")
-        if self.export_max_retries < 0:
-            raise ConfigError(f"export_max_retries must be >= 0, got {self.export_max_retries!r}")
+        check_backends(self.backend)
+
+    def _check_patterns(self) -> None:
         for pattern in self.redact_patterns:
+            if not isinstance(pattern, str):
+                raise ConfigError(f"redact pattern {pattern!r} is not a string")
             try:
                 re.compile(pattern)
             except re.error as exc:
                 raise ConfigError(f"invalid redact pattern {pattern!r}: {exc}") from exc
-        if self.redact_callback is not None and not callable(self.redact_callback):
-            raise ConfigError("redact_callback must be a callable (text: str) -> str")
-        if self.export_in_subprocess not in (None, True, False):
-            raise ConfigError("export_in_subprocess must be None (the MLflow backend only), "
-                              f"True or False, got {self.export_in_subprocess!r}")
-        if self.on_backend_error not in ("raise", "warn"):
-            raise ConfigError(
-                f"on_backend_error must be 'raise' or 'warn', got {self.on_backend_error!r}"
-            )
+
+    @property
+    def said(self) -> frozenset[str]:
+        """The fields the code gave when it made this config (by keyword or position), even
+        at their default: what ``ROLLOUT_TRACER_*`` and the file may not change
+        (tracer/config_sources.py). A copy by ``dataclasses.replace`` gives every field."""
+        return self.__dict__.get("_said", frozenset())
+
+    def with_values(self, **changes: Any) -> TraceConfig:
+        """A copy with ``changes``; the fields it says are this one's and ``changes``'."""
+        new = dataclasses.replace(self, **changes)
+        new.__dict__["_said"] = self.said | frozenset(changes)
+        return new
 
     def _check_conventions(self) -> None:
         names = self.otlp_conventions
@@ -212,16 +218,8 @@ class TraceConfig:
                     f"unknown keep rule {rule!r}{did_you_mean(rule, KEEP_RULES)}; valid rules: "
                     f"{', '.join(KEEP_RULES)}"
                 )
-        if self.keep_predicate is not None and not callable(self.keep_predicate):
-            raise ConfigError("keep_predicate must be a callable (record) -> bool")
         if "predicate" in self.keep and self.keep_predicate is None:
             raise ConfigError("keep rule 'predicate' needs keep_predicate=<callable(record)>")
-        for name in ("keep_max_per_step", "keep_group_size"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value <= 0
-            ):
-                raise ConfigError(f"{name} must be None or a positive integer, got {value!r}")
 
     @property
     def keep_on(self) -> bool:
@@ -241,15 +239,6 @@ class TraceConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> TraceConfig:
-        valid = {f.name for f in dataclasses.fields(cls)}
-        for key in sorted(set(data) & set(REMOVED_KEYS)):
-            raise ConfigError(f"trace config key {key!r} was removed: {REMOVED_KEYS[key]}")
-        unknown = sorted(set(data) - valid)
-        if unknown:
-            hints = "".join(did_you_mean(key, valid) for key in unknown)
-            raise ConfigError(
-                f"unknown trace config key(s) {unknown}; valid keys: {sorted(valid)}{hints}"
-            )
         return cls(**dict(data))
 
     @classmethod
@@ -259,10 +248,47 @@ class TraceConfig:
         if config is None:
             config = {}
         if isinstance(config, TraceConfig):
-            return dataclasses.replace(config, **overrides) if overrides else config
+            return config.with_values(**overrides) if overrides else config
         if isinstance(config, Mapping):
             return cls.from_mapping({**dict(config), **overrides})
         raise ConfigError(f"config must be a TraceConfig or a mapping, got {type(config).__name__}")
+
+
+def _recording_init(init: Callable[..., None]) -> Callable[..., None]:
+    """The dataclass's own ``__init__``, which first notes the fields it is given (see
+    :attr:`TraceConfig.said`: "the code wins" must hold for a value equal to the default, so
+    comparing with the defaults cannot tell) and turns a name that is no field into a
+    ConfigError with the close ones, instead of Python's bare TypeError."""
+    names = [f.name for f in dataclasses.fields(TraceConfig) if f.init]
+
+    @functools.wraps(init)
+    def __init__(self: TraceConfig, *args: Any, **kwargs: Any) -> None:
+        for key in kwargs:
+            if key in REMOVED_KEYS:
+                raise ConfigError(f"trace config key {key!r} was removed: {REMOVED_KEYS[key]}")
+            if key not in names:
+                raise ConfigError(f"TraceConfig({key}=...): unknown option{close_names(key, names)}"
+                                  f"; valid: {', '.join(sorted(names))}")  # fmt: skip
+        if len(args) > len(names):
+            raise ConfigError(f"TraceConfig takes at most {len(names)} values, got {len(args)}")
+        self.__dict__["_said"] = frozenset([*names[: len(args)], *kwargs])
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+setattr(TraceConfig, "__init__", _recording_init(TraceConfig.__init__))  # noqa: B010
+
+
+def close_names(name: str, valid: Iterable[str]) -> str:
+    """:func:`did_you_mean`'s hint, plus up to two more valid names that are close."""
+    first = did_you_mean(name, valid)
+    others = [c for c in difflib.get_close_matches(name, sorted(valid), n=3, cutoff=0.6)
+              if f"`{c}`" not in first][:2]  # fmt: skip
+    if not others:
+        return first
+    also = ", ".join(f"`{c}`" for c in others)
+    return f"{first[:-1]}; also close: {also})" if first else f" (close: {also})"
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:

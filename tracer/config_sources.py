@@ -4,25 +4,33 @@ variables ``ROLLOUT_TRACER_<FIELD>``, merged by one function (:func:`resolve_con
 ``rollout-tracer run`` and its Ray workers.
 
 Precedence, lowest first: the field's default, the file, the variables, the code. The code wins
-because whoever wrote ``tracer.init(spool_dir=...)`` meant that value; variables beat the file
+because whoever wrote ``tracer.init(spool_dir=...)`` meant that value, even when it equals the
+default (``redact=True`` against a shared file's ``redact: false``); variables beat the file
 because a variable is set per job and the file is shared by many (logfire's order: argument,
-environment, file). A field the code leaves at its default is filled from the environment, so
-a cluster sets what the code does not say.
+environment, file). What the code said is known, not guessed from values: a mapping's keys, the
+keyword overrides, and a ``TraceConfig``'s :attr:`~tracer.config.TraceConfig.said`. A field the
+code did not give is filled from the environment, so a cluster sets what the code does not say.
 
 The variables are derived from :class:`TraceConfig`'s fields, so a field added there has its
 ``ROLLOUT_TRACER_<FIELD>`` variable with no change here. A ``ROLLOUT_TRACER_`` variable that
-is neither a field's nor in :data:`ENV_OTHERS` is an error naming the closest one.
+is neither a field's nor in :data:`ENV_OTHERS` is an error when its name is close to one (a
+misspelling: ``ROLLOUT_TRACER_SPOL_DIR``), and one warning line when it is not (someone else's
+variable: ``ROLLOUT_TRACER_HOME``): a stray variable never stops a job.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import difflib
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from tracer.config import ConfigError, TraceConfig, did_you_mean
+from tracer.config_values import check_value, from_text, kind_of
+
+log = logging.getLogger("tracer")
 
 ENV_PREFIX = "ROLLOUT_TRACER_"
 # ROLLOUT_TRACER_* variables that are not TraceConfig fields, and who reads them. A new one
@@ -55,48 +63,53 @@ def resolve_config(
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> TraceConfig:
-    """The config ``tracer.init(config, **overrides)`` runs with: what the code says, and for
-    every field it leaves unsaid the file's or a variable's value (see the module's docstring).
-    The code says a field when it gives a value other than the field's default (a mapping's
-    ``keep: []`` or ``tracking_uri: null`` says nothing). Raises :class:`ConfigError`.
+    """The config ``tracer.init(config, **overrides)`` runs with: every field the code gives
+    (a mapping's keys, ``overrides``, a ``TraceConfig``'s ``said``), even at its default; for the
+    others the variable's value, else the file's, else the default (see the module's
+    docstring). Raises :class:`ConfigError` naming the source of a bad value.
 
     Example::
 
         # ROLLOUT_TRACER_SPOOL_DIR=/data/spool in the environment
         resolve_config({"backend": "jsonl"}).spool_dir  # '/data/spool'
+        resolve_config({"backend": "jsonl", "spool_dir": None}).spool_dir  # None: code wins
     """
+    overrides = dict(overrides or {})
     if isinstance(config, TraceConfig):
-        filled = _unsaid(vars(config) | dict(overrides or {}), environ)
-        changes = {**filled, **dict(overrides or {})}
-        return dataclasses.replace(config, **changes) if changes else config
-    if config is None:
-        config = {}
-    if not isinstance(config, Mapping):
+        said = config.said | set(overrides)
+        code = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        filled, sources = _from_environment(said, environ)
+        if not filled and not overrides:
+            return config
+    elif config is None or isinstance(config, Mapping):
+        code = {**dict(config or {}), **overrides}
+        said = frozenset(code)
+        filled, sources = _from_environment(said, environ)
+    else:
         raise ConfigError(f"config must be a TraceConfig or a mapping, got {type(config).__name__}")
-    return TraceConfig.from_mapping(merged_options({**config, **dict(overrides or {})}, environ))
+    values = {**code, **overrides, **filled}  # filled holds only what the code did not say
+    return TraceConfig.from_sources(values, said, sources)
 
 
 def merged_options(
     options: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """``options`` (the code's mapping) with what it leaves unsaid filled from the file and
-    the variables: for a caller that adjusts the mapping before ``tracer.init`` (the
-    ``rollout-tracer run`` command fills in its MLflow store)."""
-    return {**dict(options), **_unsaid(options, environ)}
+    """``options`` (the code's mapping: every key it has is said) with the fields it lacks
+    filled from the variables and the file: for a caller that adjusts the mapping before
+    ``tracer.init`` (the ``rollout-tracer run`` command fills in its MLflow store)."""
+    filled, _ = _from_environment(frozenset(options), environ)
+    return {**filled, **dict(options)}
 
 
-def _unsaid(said: Mapping[str, Any], environ: Mapping[str, str] | None) -> dict[str, Any]:
-    """The environment's options for the fields ``said`` lacks or holds at their default."""
-    sources = options_from_env(os.environ if environ is None else environ)
-    fields = env_fields()
-    return {k: v for k, v in sources.items()
-            if k not in said or said[k] == _default(fields[k])}  # fmt: skip
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+def _from_environment(
+    said: frozenset[str] | set[str], environ: Mapping[str, str] | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The environment's values for the fields the code did not say, and where each came
+    from."""
+    sources: dict[str, str] = {}
+    options = options_from_env(os.environ if environ is None else environ, sources)
+    filled = {k: v for k, v in options.items() if k not in said}
+    return filled, {k: sources[k] for k in filled}
 
 
 def resolve_export_in_subprocess(
@@ -115,16 +128,21 @@ def resolve_export_in_subprocess(
         return config.export_in_subprocess
     var = ENV_PREFIX + "EXPORT_IN_SUBPROCESS"
     text = (os.environ if environ is None else environ).get(var)
-    return None if text is None else _env_value(var, text, "bool | None")
+    return None if text is None else from_text(var, text, "bool | None", var)
 
 
-def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+def options_from_env(
+    environ: Mapping[str, str], sources: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The options the environment sets: the YAML/JSON mapping in the file
     ``$ROLLOUT_TRACER_CONFIG``, then one variable per field, ``ROLLOUT_TRACER_<FIELD>``
     (``ROLLOUT_TRACER_SPOOL_DIR=/data/spool``, ``ROLLOUT_TRACER_KEEP=errors,tool_errors``),
     which wins over the file. Lists are comma separated, dicts JSON, booleans
-    1/0/true/false, ``none`` is None. A variable or key that names no option raises
-    :class:`ConfigError` with the closest name.
+    1/true/yes/on or 0/false/no/off, ``none`` is None (tracer/config_values.py). Each value is
+    checked against its field's type and range; a bad one raises :class:`ConfigError` naming
+    the variable or ``file PATH:key``. A key of the file that names no option, and a variable
+    close to an option's, raise with the closest name; another ``ROLLOUT_TRACER_`` variable is
+    one warning line. ``sources`` (when given) receives where each option came from.
 
     Example::
 
@@ -132,9 +150,11 @@ def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """
     fields = env_fields()
     options: dict[str, Any] = {}
+    where: dict[str, str] = {}
     path = environ.get(ENV_PREFIX + "CONFIG")
     if path:
-        options.update(_options_file(path, fields))
+        for key, value in _options_file(path, fields).items():
+            options[key], where[key] = value, f"file {path}:{key}"
     for var, text in environ.items():
         if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX) :] in ENV_OTHERS:
             continue
@@ -142,14 +162,41 @@ def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
         if name in NOT_FROM_ENV:
             raise ConfigError(f"{var} is not read from the environment: {NOT_FROM_ENV[name]}")
         if name not in fields:
-            valid = [ENV_PREFIX + n.upper() for n in [*fields, *map(str.lower, ENV_OTHERS)]]
-            raise ConfigError(f"unknown variable {var}{did_you_mean(var, valid)}; rollout-tracer "
-                              f"reads {', '.join(sorted(valid))}")  # fmt: skip
-        options[name] = _env_value(var, text, str(fields[name].type))
+            _unknown_variable(var, fields)
+            continue
+        annotation = str(fields[name].type)
+        options[name] = from_text(name, text, annotation, var)
+        check_value(name, options[name], annotation, f"{var}={text!r}")
+        where[name] = var
+    if sources is not None:
+        sources.update(where)
     return options
 
 
+# Suffixes at least this similar (difflib's ratio) to an option's are misspellings of it.
+CLOSE = 0.75
+_warned: set[str] = set()  # unknown variables already named in a warning (once a process)
+
+
+def _unknown_variable(var: str, fields: Mapping[str, Any]) -> None:
+    """A misspelt option's variable fails; someone else's ``ROLLOUT_TRACER_*`` (a site's
+    ``ROLLOUT_TRACER_HOME``) gets one warning line, once, and the job goes on."""
+    suffix = var[len(ENV_PREFIX) :]
+    known = [n.upper() for n in fields] + list(ENV_OTHERS)
+    close = difflib.get_close_matches(suffix, known, n=1, cutoff=CLOSE)
+    valid = sorted(ENV_PREFIX + n for n in known)
+    if close:
+        raise ConfigError(f"unknown variable {var} (did you mean `{ENV_PREFIX + close[0]}`?); "
+                          f"rollout-tracer reads {', '.join(valid)}")  # fmt: skip
+    if var not in _warned:
+        _warned.add(var)
+        log.warning("rollout-tracer: ignoring %s: no option has that name or one close to "
+                    "it (docs/configuration.md lists the variables)", var)  # fmt: skip
+
+
 def _options_file(path: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The file's options, typed (a string for a number or a boolean is read as a variable's
+    text) and checked; errors name ``file PATH:key``."""
     import yaml  # JSON is YAML too
 
     try:
@@ -159,37 +206,17 @@ def _options_file(path: str, fields: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"cannot read {ENV_PREFIX}CONFIG={path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{ENV_PREFIX}CONFIG={path} must hold a mapping of options")
-    for key in data:
+    options = {}
+    for key, value in data.items():
+        where = f"file {path}:{key}"
         if key in NOT_FROM_ENV:
-            raise ConfigError(f"{key!r} in {path} is not read from a file: {NOT_FROM_ENV[key]}")
+            raise ConfigError(f"{where}: not read from a file: {NOT_FROM_ENV[key]}")
         if key not in fields:
-            raise ConfigError(f"unknown option {key!r} in {path}{did_you_mean(key, fields)}; "
+            raise ConfigError(f"{where}: unknown option{did_you_mean(str(key), fields)}; "
                               f"valid: {', '.join(sorted(fields))}")  # fmt: skip
-    return dict(data)
-
-
-def _env_value(var: str, text: str, annotation: str) -> Any:
-    """``text`` as the field's type, read from its annotation (``int | None``, ...)."""
-    value = text.strip()
-    if "None" in annotation and value.lower() in ("", "none", "null"):
-        return None
-    kind = annotation.split("|")[0].strip()
-    try:
-        if kind == "bool":
-            if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise ValueError("not a boolean (1/0/true/false)")
-            return value.lower() in ("1", "true", "yes", "on")
-        if kind == "int":
-            return int(value)
-        if kind == "float":
-            return float(value)
-        if kind.startswith("list"):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        if kind.startswith("dict"):
-            parsed = json.loads(value)
-            if not isinstance(parsed, dict):
-                raise ValueError("not a JSON object")
-            return parsed
-    except ValueError as exc:
-        raise ConfigError(f"{var}={text!r}: {exc}") from exc
-    return value
+        annotation = str(fields[key].type)
+        if isinstance(value, str) and kind_of(annotation)[0] not in ("str", "backend", "list"):
+            value = from_text(key, value, annotation, where)
+        check_value(key, value, annotation, where)
+        options[key] = value
+    return options

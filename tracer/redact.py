@@ -39,6 +39,27 @@ BUILTIN_PATTERNS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "bearer": (("bearer",), r"(?i:\bbearer\s+[A-Za-z0-9._~+/=\-]{8,})"),
     "hf-token": (("hf_",), r"\bhf_[A-Za-z0-9]{20,}"),
+    # GitHub: classic personal, OAuth, user-to-server, server-to-server, refresh; fine-grained
+    "github-token": (
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+        r"\bgh[pousr]_[A-Za-z0-9]{36,255}\b",
+    ),
+    "github-fine-grained": (("github_pat_",), r"\bgithub_pat_[A-Za-z0-9_]{22,255}"),
+    "gcp-api-key": (("aiza",), r"\bAIza[0-9A-Za-z_\-]{35}"),
+    "slack-token": (("xox",), r"\bxox[baprs]-[0-9A-Za-z\-]{10,}"),
+    "slack-webhook": (
+        ("hooks.slack.com",),
+        r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/_\-]{20,}",
+    ),
+    "jwt": (("eyj",), r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"),
+    # PEM private keys (a GCP service account's JSON holds one): to the END line or the text's
+    # end when it was cut
+    "private-key": (
+        ("private key",),
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+        r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+    ),
+    "stripe-key": (("_live_", "_test_"), r"\b(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{24,}"),
 }
 _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET", re.IGNORECASE)
 _NUMBERS = frozenset({int, float, bool, type(None)})
@@ -65,7 +86,11 @@ def _hex40(m: re.Match[str]) -> str:
 
 # Rules whose regex is case-sensitive: a string they change holds one of these literals as
 # written, so the serialized-record gate looks for them so
-_AS_WRITTEN = {"aws-access-key": ("AKIA", "ASIA"), "hf-token": ("hf_",), "openai-key": ("sk-",)}
+_AS_WRITTEN = {"aws-access-key": ("AKIA", "ASIA"), "hf-token": ("hf_",), "openai-key": ("sk-",),
+               "github-token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+               "github-fine-grained": ("github_pat_",), "gcp-api-key": ("AIza",),
+               "slack-token": ("xox",), "jwt": ("eyJ",),
+               "private-key": ("PRIVATE KEY",)}  # fmt: skip
 # Bytes common in records (token ids, English text, our own JSON keys): never anchors
 _COMMON = frozenset(b' ,0123456789":etaoinsrlhcdumpf_.{}[]bhOKTUYPL')
 _LESS_COMMON = b"kyvxgwjqz-"  # from more to less common; a byte in neither is rarer still

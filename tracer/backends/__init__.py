@@ -49,9 +49,14 @@ def available_backends() -> dict[str, Any]:
 
 
 def check_backends(names: list[str]) -> None:
-    """Raise ``ConfigError`` naming the valid backends (and the closest one) for a typo."""
+    """Raise ``ConfigError`` naming the valid backends (and the closest one) for a typo. Valid:
+    the built-in names, those given to :func:`register_backend` so far, and the entry points
+    of the ``rollout_tracer.backends`` group (``TraceConfig`` asks when it is made, so register
+    a backend before making a config that names it)."""
     from tracer.config import ConfigError, did_you_mean
 
+    if all(n in _BUILTIN for n in names):  # every TraceConfig asks: skip the entry-point scan
+        return
     valid = available_backends()
     bad = [n for n in names if n not in valid]
     if bad:
