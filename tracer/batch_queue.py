@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from tracer.batch import Batch, Owner
 from tracer.errors import log_every, say_at_shutdown
-from tracer.spool import BackendSpool, SpoolError
+from tracer.spool import BackendSpool, SpoolError, batch_size, is_in_doubt
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -104,6 +104,7 @@ class BatchQueue:
         self.in_doubt_replayed = 0  # in-doubt batches replayed to a backend that may duplicate
         self.retries = 0
         self.spool_errors = 0
+        self.unmarked_calls = 0  # calls whose batch file could not be marked in doubt first
         self.loop_errors = 0
         self.dropped: collections.Counter[str] = collections.Counter()
 
@@ -267,6 +268,36 @@ class BatchQueue:
             self.held -= batch.n
             self.held_bytes -= batch.nbytes
             batch.records = batch.lines = None
+
+    # a batch's file: marked before a call, orphans of dead processes -------------------
+    def _mark(self, batch: Batch, path: Path) -> None:
+        """Write-ahead: the batch's file is marked in doubt before the call that could store
+        it (caller holds ``file_lock``). Where the disk refuses, the call still goes ahead (the
+        spool must not stop exports), and it is counted and logged."""
+        assert self.spool is not None
+        marked = self.spool.mark_in_doubt(path)
+        with self.cond:
+            if marked is not None:
+                batch.path = marked
+                return
+            self.unmarked_calls += 1
+            n = self.unmarked_calls
+        if log_every(n):
+            log.warning("rollout-tracer: cannot mark %s in doubt before exporting it to %s; a "
+                        "crash during this call would replay it unmarked [%d so far]",
+                        path, self.name, n)  # fmt: skip
+
+    def _adopt_orphans(self) -> None:
+        assert self.spool is not None
+        for orphan in self.spool.orphans():
+            claimed = self.spool.claim(orphan)
+            if claimed is None:
+                continue
+            batch = Batch(None, None, claimed, batch_size(claimed), 0)
+            batch.in_doubt = is_in_doubt(claimed)
+            with self.cond:
+                bisect.insort(self.todo, batch, key=lambda b: b.key)
+                self.cond.notify_all()
 
     # shutdown ------------------------------------------------------------------------
     def abandon(self, until: float | None = None) -> Left:

@@ -27,7 +27,6 @@ of the line until it is settled, so an unexpected error retries it rather than l
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -36,14 +35,13 @@ from typing import TYPE_CHECKING
 from tracer.backends.base import Exporter, ExportResult
 from tracer.batch import Batch, Owner
 from tracer.batch_queue import RESPOOL_INTERVAL_S, BatchQueue
-from tracer.errors import InternalErrors, log_every
+from tracer.errors import InternalErrors
 from tracer.outage import OutageLog
 from tracer.record import TrajectoryRecord
-from tracer.spool import BackendSpool, batch_size, is_in_doubt, read_batch
+from tracer.spool import BackendSpool, read_batch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from tracer.config import TraceConfig
 
@@ -83,7 +81,6 @@ class ExportWorker(BatchQueue):
         self.last_probe = 0.0
         self.failed_call_s = 0.0  # the longest failed attempt of this outage
         self.last_call_s = 0.0  # the longest attempt of the last call that worked
-        self.unmarked_calls = 0  # calls whose batch file could not be marked in doubt first
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -265,23 +262,6 @@ class ExportWorker(BatchQueue):
             self._settle_call(batch, result, attempts, stopped, replay, longest)
         return True
 
-    def _mark(self, batch: Batch, path: Path) -> None:
-        """Write-ahead: the batch's file is marked in doubt before the call that could store
-        it (caller holds ``file_lock``). Where the disk refuses, the call still goes ahead (the
-        spool must not stop exports), and it is counted and logged."""
-        assert self.spool is not None
-        marked = self.spool.mark_in_doubt(path)
-        with self.cond:
-            if marked is not None:
-                batch.path = marked
-                return
-            self.unmarked_calls += 1
-            n = self.unmarked_calls
-        if log_every(n):
-            log.warning("rollout-tracer: cannot mark %s in doubt before exporting it to %s; a "
-                        "crash during this call would replay it unmarked [%d so far]",
-                        path, self.name, n)  # fmt: skip
-
     def _settle_call(self, batch: Batch, result: ExportResult, attempts: int,
                      cut_short: bool, replay: bool, longest: float) -> None:  # fmt: skip
         """The call's end (caller holds ``file_lock``): the batch is stored (its spool file
@@ -343,18 +323,6 @@ class ExportWorker(BatchQueue):
     def _settle(self, batch: Batch) -> None:
         super()._settle(batch)
         self.outage.settled(batch, batch.n)
-
-    def _adopt_orphans(self) -> None:
-        assert self.spool is not None
-        for orphan in self.spool.orphans():
-            claimed = self.spool.claim(orphan)
-            if claimed is None:
-                continue
-            batch = Batch(None, None, claimed, batch_size(claimed), 0)
-            batch.in_doubt = is_in_doubt(claimed)
-            with self.cond:
-                bisect.insort(self.todo, batch, key=lambda b: b.key)
-                self.cond.notify_all()
 
     def _export(self, batch: Sequence[TrajectoryRecord], lines: list[bytes] | None,
                 retries: int, replay: bool) -> tuple[ExportResult, int, bool, float]:  # fmt: skip
