@@ -5,7 +5,9 @@
 
 Every line names its destination (credentials stripped). A destination that no longer exists,
 or a project that moved since the spool was written, is reported before anything is sent, and
-those batches stay in the spool (exit status 1).
+those batches stay in the spool (exit status 1). A backend whose package is not installed
+(mlflow, opentelemetry) is one line naming the extra to install, exit status 2, as for every
+command.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 
 def configure_replay(p: argparse.ArgumentParser) -> None:
@@ -63,8 +66,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from tracer.replay import replay
 
-    with tqdm(unit="traj", desc="replaying", disable=args.no_progress) as bar:
-        result = replay(spool_dir, overrides, progress=bar.update)
+    bars: list[Any] = []  # made at the first batch sent: a backend that cannot start shows none
+
+    def progress(n: int) -> None:
+        if not bars:
+            bars.append(tqdm(unit="traj", desc="replaying", disable=args.no_progress))
+        bars[0].update(n)
+
+    try:
+        result = replay(spool_dir, overrides, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    for cause in result.causes.values():  # a backend's package missing: as every command
+        from rollout.extras import missing_package
+
+        if missing_package(cause):
+            raise cause  # rollout/cli.py main: one line naming the extra, exit status 2
     for name, n in sorted(result.replayed.items()):
         left = result.left.get(name, 0)
         print(f"{result.destinations[name]}: {n} trajectories replayed"

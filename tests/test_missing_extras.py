@@ -140,7 +140,9 @@ NEEDS = {
         ["explore", "--from", "mlflow", "--tracking-uri", "{server}", "--port", "0"],
         ["ui", "--tracking-uri", "{uri}"],
         ["run", "actor_rollout_ref.rollout.trace.backend=mlflow"],
+        ["replay", "--spool-dir", "{mlflow_spool}"],  # a batch waits for the sqlite store
     ],
+    "opentelemetry": [["replay", "--spool-dir", "{otlp_spool}"]],
     "weave": [
         ["export", "--from", "weave", "--experiment", "p", "--entity", "e", "--out", "{tmp}/x",
          "--no-progress"],
@@ -177,7 +179,23 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     finally:
         tracer.reset()
     return {"jsonl": str(jsonl), "parquet": str(make_export(tmp / "run", 10, seed=1)),
-            "uri": uri}
+            "uri": uri, "mlflow_spool": _spool(tmp / "mlflow-spool", "mlflow", uri),
+            "otlp_spool": _spool(tmp / "otlp-spool", "otlp", "http://127.0.0.1:9/v1/traces")}
+
+
+def _spool(root: Path, backend: str, where: str) -> str:
+    """A spool holding one batch for ``backend`` at ``where``, left by a process that is gone."""
+    import tracer
+    from tests.test_export import _records
+    from tracer.encode import encode_record
+    from tracer.spool import BackendSpool
+
+    field = "tracking_uri" if backend == "mlflow" else "otlp_endpoint"
+    config = tracer.TraceConfig(backend=backend, **{field: where})
+    spool = BackendSpool(str(root), backend, where, config, 1 << 20)
+    spool.write([encode_record(r) for r in _records(1)])
+    spool.release()
+    return str(root)
 
 
 @pytest.mark.slow(seconds=40)

@@ -12,9 +12,9 @@ A batch has exactly one owner at a time, and only the owner acts on it:
 Every change of owner goes through ``Batch.move`` under the worker's lock, which checks the
 transition: a batch the shutdown thread left in the spool cannot be taken by a call, and a
 batch a call holds cannot be settled by anyone else (``BatchOwnershipError``: a tracer bug,
-raised in the project's tests). A call still running at shutdown's deadline keeps its batch;
-the batch is marked ``in_doubt`` (it may be stored or not) and its spool file stays, marked
-the same way, until the call's end says which.
+raised in the project's tests). A call still running at shutdown's deadline keeps its batch:
+it may be stored or not, and its spool file stays marked in doubt (as every batch file is
+while a call has it, ``tracer.spool``) until the call's end says which.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class Batch:
         self.owner = Owner.QUEUE
         self.attempted = False  # sent once already: may be (partly) stored, replay with care
         self.first_try = False  # refused once when handed over: still gets the usual retries
-        self.in_doubt = False  # a call had it at shutdown's deadline: stored or not, unknown
+        # an earlier call of unknown outcome had it (an orphan whose file is marked in doubt)
+        self.in_doubt = False
         self.key = batch_sort_key(path) if path is not None else (time.time_ns(), "")
 
     def move(self, to: Owner) -> None:

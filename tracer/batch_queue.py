@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from tracer.batch import Batch, Owner
 from tracer.errors import log_every, say_at_shutdown
-from tracer.spool import BackendSpool, SpoolError
+from tracer.spool import BackendSpool, SpoolError, batch_size, is_in_doubt
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -85,6 +85,10 @@ class BatchQueue:
         self.wants_lines = wants_lines  # a byte-oriented backend: keep the lines in memory
         self.cond = threading.Condition()
         self._respooling = threading.Lock()  # one offer to the spool at a time
+        # a batch file's in-doubt mark (its name) changes only under this lock, and only with
+        # the batch's owner: a call begins (marked), ends (deleted or unmarked), an offer to
+        # the spool writes a batch a call has (marked); shutdown releases the spool under it
+        self.file_lock = threading.Lock()
         self.todo: list[Batch] = []  # everything not exported yet, oldest first
         self.held = 0  # trajectories whose records are in memory
         self.held_bytes = 0
@@ -100,6 +104,7 @@ class BatchQueue:
         self.in_doubt_replayed = 0  # in-doubt batches replayed to a backend that may duplicate
         self.retries = 0
         self.spool_errors = 0
+        self.unmarked_calls = 0  # calls whose batch file could not be marked in doubt first
         self.loop_errors = 0
         self.dropped: collections.Counter[str] = collections.Counter()
 
@@ -174,16 +179,18 @@ class BatchQueue:
             f"shutdown; they are kept in {self.spool.dir}. Export them with: rollout-tracer "
             f"replay --spool-dir {self.spool.dir.parent}")  # fmt: skip
 
-    def respool(self, *, final: bool = False) -> int:
+    def respool(self, *, final: bool = False, until: float | None = None) -> int:
         """Offer the spool the batches it refused earlier (disk full, read-only), oldest first,
         at most every ``RESPOOL_INTERVAL_S`` unless ``final``; stops at the first refusal.
         One offer at a time: a ``final`` one waits for one in progress (up to
-        ``FINAL_OFFER_WAIT_S``: a hung disk must not hold shutdown), so no batch gets two
-        spool files. Returns how many trajectories are still only in memory, or -1 when
-        it is not time yet (or another offer is running)."""
+        ``FINAL_OFFER_WAIT_S``, and not past ``until``: a hung disk must not hold shutdown), so
+        no batch gets two spool files. Returns how many trajectories are still only in
+        memory, or -1 when it is not time yet (or another offer is running)."""
         if self.spool is None:
             return 0
         wait = FINAL_OFFER_WAIT_S if final else -1
+        if final and until is not None:
+            wait = max(0.0, min(wait, until - time.monotonic()))
         if not self._respooling.acquire(blocking=final, timeout=wait):
             return -1
         try:
@@ -201,24 +208,29 @@ class BatchQueue:
             waiting = [(b, b.lines) for b in self.todo if b.path is None and b.lines is not None
                        and b.owner in (Owner.QUEUE, Owner.CALL)]  # fmt: skip
         for b, lines in waiting:
-            try:
-                path = self.spool.write(lines)
-            except SpoolError as exc:
-                path = None
-                self.refused_because = _at_shutdown(exc)
-            else:
+            with self.file_lock:  # its owner stays as it is while its file is written
+                with self.cond:
+                    if b.owner not in (Owner.QUEUE, Owner.CALL):
+                        continue  # stored meanwhile: no copy to replay
+                    in_call = b.owner is Owner.CALL  # it may be storing it now: in doubt
+                try:
+                    path = self.spool.write(lines, in_doubt=in_call)
+                except SpoolError as exc:
+                    path = None
+                    self.refused_because = _at_shutdown(exc)
+                else:
+                    if path is None:
+                        self.refused_because = "spool_full"  # over max_spool_bytes
                 if path is None:
-                    self.refused_because = "spool_full"  # over max_spool_bytes
-            if path is None:
-                break  # still refused: the next offer is RESPOOL_INTERVAL_S away
-            with self.cond:
-                kept = b.owner in (Owner.QUEUE, Owner.CALL)
-                if kept:
-                    b.path = path  # its place in line (its key) stays
-                    if not self.wants_lines:
-                        b.lines = None
-            if not kept:  # stored meanwhile: this copy must not be replayed
-                self.spool.delete(path)
+                    break  # still refused: the next offer is RESPOOL_INTERVAL_S away
+                with self.cond:
+                    kept = b.owner in (Owner.QUEUE, Owner.CALL)  # else counted at shutdown
+                    if kept:
+                        b.path = path  # its place in line (its key) stays
+                        if not self.wants_lines:
+                            b.lines = None
+                if not kept:  # this copy must not be replayed
+                    self.spool.delete(path)
         with self.cond:
             return sum(b.n for b in self.todo if b.path is None)
 
@@ -257,26 +269,53 @@ class BatchQueue:
             self.held_bytes -= batch.nbytes
             batch.records = batch.lines = None
 
+    # a batch's file: marked before a call, orphans of dead processes -------------------
+    def _mark(self, batch: Batch, path: Path) -> None:
+        """Write-ahead: the batch's file is marked in doubt before the call that could store
+        it (caller holds ``file_lock``). Where the disk refuses, the call still goes ahead (the
+        spool must not stop exports), and it is counted and logged."""
+        assert self.spool is not None
+        marked = self.spool.mark_in_doubt(path)
+        with self.cond:
+            if marked is not None:
+                batch.path = marked
+                return
+            self.unmarked_calls += 1
+            n = self.unmarked_calls
+        if log_every(n):
+            log.warning("rollout-tracer: cannot mark %s in doubt before exporting it to %s; a "
+                        "crash during this call would replay it unmarked [%d so far]",
+                        path, self.name, n)  # fmt: skip
+
+    def _adopt_orphans(self) -> None:
+        assert self.spool is not None
+        for orphan in self.spool.orphans():
+            claimed = self.spool.claim(orphan)
+            if claimed is None:
+                continue
+            batch = Batch(None, None, claimed, batch_size(claimed), 0)
+            batch.in_doubt = is_in_doubt(claimed)
+            with self.cond:
+                bisect.insort(self.todo, batch, key=lambda b: b.key)
+                self.cond.notify_all()
+
     # shutdown ------------------------------------------------------------------------
-    def abandon(self) -> Left:
+    def abandon(self, until: float | None = None) -> Left:
         """At shutdown: what is left. Batches in the spool stay there for a later replay (the
         spool is released, so another process or ``rollout-tracer replay`` may take them); a
         batch only memory holds is offered to the spool one last time, and what it refuses is
         lost and counted by reason. A batch an export call still holds stays that call's: it
-        is in doubt (its spool file is marked so), and the call's end settles it."""
+        is in doubt (its spool file was marked so before the call), and the call's end settles
+        it. ``until``: when shutdown must be over (waits for an offer in progress end there)."""
         reason = "unexported_at_exit"  # no spool to take it
-        if self.spool is not None and self.respool(final=True):
+        if self.spool is not None and self.respool(final=True, until=until):
             reason = self.refused_because
-        doubtful: list[Path] = []
         with self.cond:
             self.abandoned = True
             on_disk = lost = in_doubt = 0
             for b in list(self.todo):
-                if b.owner is Owner.CALL:
-                    b.in_doubt = True
+                if b.owner is Owner.CALL:  # its file was marked before the call began
                     in_doubt += b.n
-                    if b.path is not None:
-                        doubtful.append(b.path)
                 elif b.owner is Owner.QUEUE and b.path is not None and b.path.exists():
                     b.move(Owner.SPOOL)
                     on_disk += b.n
@@ -288,9 +327,8 @@ class BatchQueue:
             if lost:  # one line for all of them
                 self._drop(Batch(None, None, None, lost, 0), reason)
         if self.spool is not None:
-            for path in doubtful:
-                self.spool.mark_in_doubt(path)
-            self.spool.release()
+            with self.file_lock:  # a call that began before this has its batch marked
+                self.spool.release()
         return Left(on_disk, lost, in_doubt)
 
     # what is waiting -----------------------------------------------------------------

@@ -9,12 +9,17 @@ while someone waits in ``flush``. When a probe works, everything waiting is expo
 before is sent with ``replay=True`` so the backend checks before adding.
 
 Shutdown has a deadline (``closing``). From then on no call begins that could not end by it
-(a retry or a probe as long as the last failed call, or any call at all after it), the wait
-between retries ends at ``stop()``, and a batch is either stored (its spool file gone) or in
-the spool (not stored). The one case left open is a call already running at the deadline:
-its batch stays in the spool marked in doubt (``tracer.batch``); a backend that deduplicates
-by trace id adds nothing when it is replayed, and for one that does not the shutdown line
-and ``tracer/<backend>/in_doubt`` say how many may arrive twice.
+(a call, retry or probe as long as the longest attempt that failed in this outage, or as the
+last call that worked; any call at all after it), the wait between retries ends at ``stop()``,
+and a batch is either stored (its spool file gone) or in the spool (not stored). The one case
+left open is a call already running at the deadline: its batch stays in the spool marked in
+doubt (``tracer.batch``); a backend that deduplicates by trace id adds nothing when it is
+replayed, and for one that does not the shutdown line and ``tracer/<backend>/in_doubt`` say
+how many may arrive twice.
+
+Every call is written ahead: its batch file is marked in doubt before the call begins and
+unmarked when its outcome is known (``tracer.spool``), so a process killed during a call
+leaves the batch marked, and the replay that sends it again says so.
 
 The loop cannot die: every iteration is guarded, and a batch being exported stays at the head
 of the line until it is settled, so an unexpected error retries it rather than losing it.
@@ -22,7 +27,6 @@ of the line until it is settled, so an unexpected error retries it rather than l
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -34,7 +38,7 @@ from tracer.batch_queue import RESPOOL_INTERVAL_S, BatchQueue
 from tracer.errors import InternalErrors
 from tracer.outage import OutageLog
 from tracer.record import TrajectoryRecord
-from tracer.spool import BackendSpool, batch_size, is_in_doubt, read_batch
+from tracer.spool import BackendSpool, read_batch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -75,7 +79,8 @@ class ExportWorker(BatchQueue):
         self.close_at = 0.0  # shutdown's deadline once it began: no export call outlasts it
         self.retry_wait_since = 0.0  # monotonic start of the wait before a retry, or 0
         self.last_probe = 0.0
-        self.failed_call_s = 0.0  # the longest failed probe of this outage
+        self.failed_call_s = 0.0  # the longest failed attempt of this outage
+        self.last_call_s = 0.0  # the longest attempt of the last call that worked
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -130,7 +135,7 @@ class ExportWorker(BatchQueue):
             with self.cond:
                 if self.todo or self.down or not self._may_call(0.0):
                     return None
-            result, _attempts, _stopped = self._export(records, lines, 0, False)
+            result, _attempts, _stopped, _took = self._export(records, lines, 0, False)
             if result is ExportResult.FAILURE:
                 return None
             if result is ExportResult.SUCCESS:
@@ -178,18 +183,19 @@ class ExportWorker(BatchQueue):
                     self.cond.wait(RESPOOL_INTERVAL_S)
                     continue
                 if self.todo and self.todo[0].waiting:
-                    if not self.down:
-                        break
-                    probe_at = self.next_probe
-                    if self.flush_until > now:
-                        probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
-                        if now + self.failed_call_s > self.flush_until:
-                            # a probe now could outlast the flush; a shutdown may follow it
-                            probe_at = max(probe_at, self.flush_until + 1.0)
-                    if not self._may_call(self.failed_call_s):
-                        # shutdown began: a probe that cannot end by its deadline would be
-                        # left running, exporting after shutdown() said the batches wait in
-                        # the spool; also after the flush ended, until stop() comes
+                    takes = self.call_s()
+                    probe_at = now
+                    if self.down:
+                        probe_at = self.next_probe
+                        if self.flush_until > now:
+                            probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
+                            if now + takes > self.flush_until:
+                                # a probe now could outlast the flush; a shutdown may follow it
+                                probe_at = max(probe_at, self.flush_until + 1.0)
+                    if not self._may_call(takes):
+                        # shutdown began: a call or probe that cannot end by its deadline
+                        # would be left running, exporting after shutdown() said the batches
+                        # wait in the spool; also after the flush ended, until stop() comes
                         probe_at = float("inf")
                     if now >= probe_at:
                         break
@@ -202,6 +208,11 @@ class ExportWorker(BatchQueue):
                         return True  # time for an orphan scan
             self.inflight_since = time.monotonic()
             return self.todo[0]
+
+    def call_s(self) -> float:
+        """How long the next call may take: the longest attempt that failed in this outage,
+        or the longest of the last call that worked (caller holds ``cond``)."""
+        return max(self.failed_call_s, self.last_call_s)
 
     def _step(self) -> bool:
         """One iteration: wait for work, export the oldest batch. False when stopped."""
@@ -229,38 +240,48 @@ class ExportWorker(BatchQueue):
         if lines is None:  # a backend that reads the records: decoded now, not while waiting
             for record in records:
                 record.materialize()
-        with self.cond:
-            if not batch.waiting or not self._may_call(0.0):
-                # shutdown came (or its deadline passed) while the batch was read: it stays
-                # where it is, untouched (no call was made)
-                self.inflight_since = 0.0
-                return not self.stopping
-            batch.move(Owner.CALL)  # the hand-over: from here only this call settles it
+        with self.file_lock:
+            with self.cond:
+                if not batch.waiting or not self._may_call(self.call_s()):
+                    # shutdown came (or its deadline is too near) while the batch was read:
+                    # it stays where it is, untouched (no call was made)
+                    self.inflight_since = 0.0
+                    return not self.stopping
+                batch.move(Owner.CALL)  # the hand-over: from here only this call settles it
+                path = batch.path
+            if path is not None and self.spool is not None:
+                self._mark(batch, path)
         replay = batch.attempted or not batch.own
         batch.attempted = True
         retried = self.down or (replay and not batch.first_try)
         retries = 0 if retried else self.config.export_max_retries
         batch.first_try = False
         with self._calling:
-            result, attempts, stopped = self._export(records, lines, retries, replay)
-        self._settle_call(batch, result, attempts, stopped, replay)
+            result, attempts, stopped, longest = self._export(records, lines, retries, replay)
+        with self.file_lock:
+            self._settle_call(batch, result, attempts, stopped, replay, longest)
         return True
 
     def _settle_call(self, batch: Batch, result: ExportResult, attempts: int,
-                     cut_short: bool, replay: bool) -> None:  # fmt: skip
-        """The call's end: the batch is stored (its spool file goes), refused for good, or
-        back in line (in the spool only, when shutdown left it to this call)."""
-        if result is not ExportResult.FAILURE:
-            with self.cond:
-                batch.move(Owner.DONE)  # from now on respool() leaves it alone
-                path = batch.path
-            if path is not None and self.spool:
+                     cut_short: bool, replay: bool, longest: float) -> None:  # fmt: skip
+        """The call's end (caller holds ``file_lock``): the batch is stored (its spool file
+        goes), refused for good, or back in line, unmarked (in the spool only, when shutdown
+        left it to this call). A batch an earlier call of unknown outcome had stays marked."""
+        with self.cond:
+            path = batch.path
+        if path is not None and self.spool is not None:
+            if result is not ExportResult.FAILURE:
                 self.spool.delete(path)  # before flush() can see this batch as done
+            elif not batch.in_doubt:
+                path = self.spool.unmark(path)
         with self.cond:
             self.last_probe = time.monotonic()
-            took, self.inflight_since = self.last_probe - self.inflight_since, 0.0
+            self.inflight_since = 0.0
+            if result is not ExportResult.FAILURE:
+                batch.move(Owner.DONE)
             if result is ExportResult.FAILURE:
-                if batch.in_doubt:  # shutdown is over: the spool keeps it, or it is lost
+                batch.path = path
+                if self.abandoned:  # shutdown is over: the spool keeps it, or it is lost
                     batch.move(Owner.SPOOL if batch.path is not None else Owner.DONE)
                     if batch.path is None:
                         self._settle(batch)
@@ -271,9 +292,9 @@ class ExportWorker(BatchQueue):
                     # shutdown ended the retries (or aborted the call), not the backend
                     self.outage.stopped_at_shutdown(attempts)
                     return
-                if attempts == 1:  # a probe (one attempt); the longest, not the last: OTel's
-                    # call ends at once or after a backoff inside it, by its jitter's toss
-                    self.failed_call_s = max(self.failed_call_s, took)
+                # every attempt counts, a probe's or a retried call's; the longest, not the
+                # last: OTel's call ends at once or after a backoff inside it, by its jitter
+                self.failed_call_s = max(self.failed_call_s, longest)
                 if not self.down:
                     self.outage.went_down(attempts, self.spool.dir if self.spool else None)
                 self.down = True
@@ -283,6 +304,7 @@ class ExportWorker(BatchQueue):
                 self.outage.came_back(self.todo)
             self.down = False
             self.failed_call_s = 0.0
+            self.last_call_s = longest
             self._settle(batch)
             if result is ExportResult.REJECTED:
                 self._drop(batch, "rejected_by_backend")
@@ -302,25 +324,15 @@ class ExportWorker(BatchQueue):
         super()._settle(batch)
         self.outage.settled(batch, batch.n)
 
-    def _adopt_orphans(self) -> None:
-        assert self.spool is not None
-        for orphan in self.spool.orphans():
-            claimed = self.spool.claim(orphan)
-            if claimed is None:
-                continue
-            batch = Batch(None, None, claimed, batch_size(claimed), 0)
-            batch.in_doubt = is_in_doubt(claimed)
-            with self.cond:
-                bisect.insort(self.todo, batch, key=lambda b: b.key)
-                self.cond.notify_all()
-
     def _export(self, batch: Sequence[TrajectoryRecord], lines: list[bytes] | None,
-                retries: int, replay: bool) -> tuple[ExportResult, int, bool]:  # fmt: skip
+                retries: int, replay: bool) -> tuple[ExportResult, int, bool, float]:  # fmt: skip
         """Up to ``1 + retries`` attempts; (the result, attempts made, whether shutdown cut
-        the retries short). The wait before a retry ends at stop(), and no retry begins that
-        could not end by shutdown's deadline (as long as the attempt before it)."""
+        the retries short, the longest attempt's seconds). The wait before a retry ends at
+        stop(), and no retry begins that could not end by shutdown's deadline (as long as the
+        longest attempt before it)."""
         delay = 0.25
         attempt = 0
+        longest = 0.0
         while True:
             began = time.monotonic()
             try:
@@ -333,16 +345,17 @@ class ExportWorker(BatchQueue):
                 self.errors.counts[f"export {self.name}"] += 1
                 self.outage.failed_attempt(exc)  # an outage: one line when down, no traceback
             attempt += 1
+            longest = max(longest, time.monotonic() - began)
             if result is not ExportResult.FAILURE or attempt > retries:
-                return result, attempt, False
+                return result, attempt, False, longest
             replay = True  # it may have been stored in part
-            took = time.monotonic() - began
+            took = longest
             with self.cond:
                 self.retry_wait_since = time.monotonic()
                 self.cond.wait_for(lambda t=took: not self._may_call(t), delay)  # type: ignore[misc]
                 self.retry_wait_since = 0.0
                 if not self._may_call(took):
-                    return result, attempt, True
+                    return result, attempt, True, longest
                 self.retries += 1
             delay = min(delay * 2, 5.0)
 
@@ -371,16 +384,19 @@ class ExportWorker(BatchQueue):
     def _dead(self) -> bool:
         return self.thread is not None and not self.thread.is_alive()
 
-    def stop(self, deadline: float) -> bool:
-        """Stop the thread (a wait before a retry ends at once); False when it is stuck in an
-        export call past the deadline (the exporter must then not be shut down: never two
-        calls at once)."""
+    def request_stop(self) -> None:
+        """Tell the thread to stop (a wait before a retry ends at once); ``stop`` waits."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+
+    def stop(self, until: float) -> bool:
+        """Stop the thread and wait for it until ``until`` (monotonic; shutdown's deadline and
+        its grace, shared by every backend); False when it is stuck in an export call past it
+        (the exporter must then not be shut down: never two calls at once)."""
+        self.request_stop()
         if self.thread is not None:
-            # an idle thread leaves at once; a little grace even when flush used the budget
-            self.thread.join(max(0.5, deadline - time.monotonic()))
+            self.thread.join(max(0.0, until - time.monotonic()))
             return not self.thread.is_alive()
         return True
 

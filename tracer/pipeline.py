@@ -39,7 +39,7 @@ from tracer.live.steps import LiveSteps
 from tracer.processing import Processing
 from tracer.redact import Redactor
 from tracer.spool import BackendSpool, default_spool_dir
-from tracer.worker_shutdown import stop_worker
+from tracer.worker_shutdown import stop_workers
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
@@ -330,9 +330,9 @@ class Pipeline(Processing):
             say_at_shutdown(f"rollout-tracer: {busy} trajectories were still being processed "
                             f"when shutdown's {timeout_s:g} s ran out; they are not exported "
                             f"({then})")  # fmt: skip
-        for w in self.workers:  # tracer/worker_shutdown.py: stop, then say where the rest is
-            ok = stop_worker(w, deadline, self.errors) and ok
-        return ok
+        # tracer/worker_shutdown.py: stop, then say where the rest is; returns within
+        # STOP_GRACE_S + ABORT_GRACE_S after the deadline, whatever the number of backends
+        return stop_workers(self.workers, deadline, self.errors) and ok
 
     def _durability_lag_s(self) -> float:
         """Age of the oldest finished trajectory that is on neither the spool's disk nor a

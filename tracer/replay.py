@@ -47,9 +47,12 @@ class ReplayResult:
     left: dict[str, int] = field(default_factory=dict)  # batch files still waiting
     # backend folder -> "<backend> -> <where>" (credentials stripped), for every folder seen
     destinations: dict[str, str] = field(default_factory=dict)
-    # backend folder -> trajectories of batches marked in doubt (an export call had them at a
-    # shutdown's deadline: maybe stored already) replayed to a sink that does not deduplicate
+    # backend folder -> trajectories of batches marked in doubt (an export call of unknown
+    # outcome had them: a shutdown's deadline, or a crash during the call; maybe stored
+    # already) replayed to a sink that does not deduplicate
     in_doubt: dict[str, int] = field(default_factory=dict)
+    # backend folder -> the exception behind its failure, where one was raised
+    causes: dict[str, BaseException] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -131,6 +134,7 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
             exporter = as_exporter(create_exporter(name, config))
         except Exception as exc:
             result.failed[folder.name] = f"cannot start backend {name}: {exc}"
+            result.causes[folder.name] = exc  # a missing package: the command says so
             continue
         spool = BackendSpool(spool_dir, name, exporter.spool_key,
                              config, config.max_spool_bytes, folder=folder)
@@ -140,22 +144,31 @@ def replay(spool_dir: str, overrides: dict[str, Any] | None = None,
                 path = spool.claim(orphan)
                 if path is None:
                     continue  # taken by another replay or a live tracer
+                doubt = is_in_doubt(path)  # an earlier call of unknown outcome had it
                 try:
-                    doubt = is_in_doubt(path)  # read before delete takes the mark along
                     records = read_batch(path)
                 except (OSError, ValueError) as exc:
                     result.failed[folder.name] = f"cannot read {path.name}: {exc}"
                     continue
+                # write-ahead: marked before the call, so a replay killed during it leaves
+                # the batch marked for the next one (tracer/spool.py)
+                marked = spool.mark_in_doubt(path) if records else path
+                if marked is None:
+                    result.failed[folder.name] = f"cannot mark {path.name} in doubt"
+                    break
                 try:  # replay=True: it may be stored already, check before adding
                     ok = not records or (
                         exporter.export(records, replay=True) is not ExportResult.FAILURE)
                 except Exception as exc:
                     ok = False
                     result.failed[folder.name] = f"{type(exc).__name__}: {exc}"
+                    result.causes[folder.name] = exc
                 if not ok:
+                    if not doubt:  # this call's outcome is known: not stored
+                        spool.unmark(marked)
                     result.failed.setdefault(folder.name, "export failed")
                     break
-                spool.delete(path)
+                spool.delete(marked)
                 done += len(records)
                 if doubt and not getattr(exporter, "deduplicates", True):
                     result.in_doubt[folder.name] = result.in_doubt.get(folder.name, 0) + len(

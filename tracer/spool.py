@@ -25,9 +25,14 @@ Layout: ``<spool_dir>/<backend>-<destination hash>/`` holds
   one process, and another host on a shared (NFS) folder are all different owners;
 - batch files ``<wall ns>_<owner>_<counter>_<n>.jsonl`` (created with ``O_EXCL``, mode 0600),
   one JSON record per line (``TrajectoryRecord.to_dict``). Names sort oldest first;
-- ``.<batch file name>.in-doubt``, beside a batch that an export call still had at shutdown's
-  deadline: it may be stored already. It follows its batch when an orphan is claimed, so the
-  replaying worker can say that a backend which does not deduplicate may get it twice.
+- a batch in doubt (``<wall ns>_<owner>_<counter>_<n>.in-doubt.jsonl``): an export call may
+  have stored it. It is marked *before* every call that could store it (write-ahead: the live
+  tracer and ``rollout-tracer replay`` alike) and unmarked only when the call's outcome is
+  known: stored, the file is deleted; failed, it is renamed back (unless an earlier call of
+  unknown outcome had it: that doubt stays). A process killed during a call leaves it marked,
+  so a replay into a backend that does not deduplicate says it may be stored twice. The mark
+  is the file's own name, so batch and mark move as one rename (a claim, a late call's end)
+  and neither is ever left without the other.
 
 Ownership is decided by the lock, not by whether a PID is alive: a writer holds an exclusive
 ``flock`` on its owner file for as long as it lives. A batch whose owner's lock can be taken is
@@ -60,7 +65,8 @@ except ImportError:  # Windows: no advisory locks; a live writer's files look or
     fcntl = None  # type: ignore[assignment]
 
 DESTINATION_FILE = "destination.json"
-_NAME = re.compile(r"^(\d+)_(.+)_(\d+)_(\d+)\.jsonl$")
+_NAME = re.compile(r"^(\d+)_(.+)_(\d+)_(\d+)(\.in-doubt)?\.jsonl$")
+DOUBT = ".in-doubt"  # before ".jsonl" in the name of a batch that may be stored already
 # Owners alive in this process: flock is per open file, but on NFS Linux emulates it with
 # POSIX locks, which a process never conflicts with itself on; this set covers that case.
 _live_owners: set[str] = set()
@@ -164,22 +170,25 @@ class BackendSpool:
             if p.suffix == ".jsonl" and not p.name.startswith("."):
                 yield p
 
-    def write(self, lines: list[bytes]) -> Path | None:
-        """Write one batch (each record's JSON line, ``tracer.encode``) as a new file. None
-        when the spool is full (``max_bytes``); raises ``SpoolError`` when the file system
-        refuses (the caller keeps the batch in memory)."""
+    def write(self, lines: list[bytes], in_doubt: bool = False) -> Path | None:
+        """Write one batch (each record's JSON line, ``tracer.encode``) as a new file, marked
+        in doubt when an export call has it already. None when the spool is full
+        (``max_bytes``); raises ``SpoolError`` when the file system refuses (the caller keeps
+        the batch in memory)."""
         size = sum(map(len, lines)) + len(lines)  # newline-terminated
         with self._lock:
             if self.used + size > self.max_bytes:
                 return None
             self._counter += 1
-            name = f"{time.time_ns():019d}_{self.owner}_{self._counter:08d}_{len(lines)}.jsonl"
+            doubt = DOUBT if in_doubt else ""
+            name = (f"{time.time_ns():019d}_{self.owner}_{self._counter:08d}_{len(lines)}"
+                    f"{doubt}.jsonl")  # fmt: skip
             self.used += size
         path = self.dir / name
         tmp = self.dir / f".{name}.tmp"
         try:
             _write_new(tmp, lines)
-            os.replace(tmp, path)  # a reader never sees half a batch
+            _rename(tmp, path)  # a reader never sees half a batch
         except OSError as exc:
             _unlink(tmp)
             with self._lock:
@@ -188,25 +197,39 @@ class BackendSpool:
         return path
 
     def delete(self, path: Path) -> None:
-        _unlink(_doubt_marker(path))
+        """A batch is stored: its file goes (already gone: claimed by a replay, or by hand)."""
         try:
             size = path.stat().st_size
-            path.unlink()
-        except OSError:  # already gone (deleted by hand, replayed by another process)
+            _unlink(path, strict=True)
+        except OSError:
             return
         with self._lock:
             self.used = max(0, self.used - size)
 
-    def mark_in_doubt(self, path: Path) -> bool:
-        """Mark a batch file as possibly stored already (an export call still had it at
-        shutdown's deadline). False when the mark cannot be written."""
+    def mark_in_doubt(self, path: Path) -> Path | None:
+        """Mark a batch as possibly stored: before an export call that could store it. Its new
+        path, or None when it cannot be renamed (gone, or the file system refuses)."""
+        if is_in_doubt(path):
+            return path
+        new = _with_doubt(path, True)
         try:
-            _write_new(_doubt_marker(path), ())
-        except FileExistsError:
-            return True
+            _rename(path, new)
         except OSError:
-            return False
-        return True
+            return None
+        return new
+
+    def unmark(self, path: Path) -> Path:
+        """A call that had the batch failed: it is not stored (by that call). Its new path;
+        the same path when it cannot be renamed (gone: a replay took it, marked, which only
+        makes it say "may be stored twice" when it was not)."""
+        if not is_in_doubt(path):
+            return path
+        new = _with_doubt(path, False)
+        try:
+            _rename(path, new)
+        except OSError:
+            return path
+        return new
 
     def orphans(self) -> list[Path]:
         """Batch files whose owner is gone (crashed, killed, or exited while the backend was
@@ -244,24 +267,26 @@ class BackendSpool:
         return True
 
     def claim(self, path: Path) -> Path | None:
-        """Take an orphan for replay by renaming it under our owner (atomic: one winner). The
-        original timestamp stays first in the name, so replay order is kept."""
+        """Take an orphan for replay by renaming it under our owner (atomic: one winner; its
+        in-doubt mark is part of its name and comes along). The original timestamp stays first
+        in the name, so replay order is kept."""
         m = _NAME.match(path.name)
         with self._lock:
             self._counter += 1
             n = self._counter
+        legacy = _legacy_marker(path)  # an older tracer marked in doubt with a file beside it
+        doubt = DOUBT if is_in_doubt(path) or legacy.exists() else ""
         if m:
-            new = path.with_name(f"{m.group(1)}_{self.owner}_{n:08d}_{m.group(4)}.jsonl")
+            new = path.with_name(f"{m.group(1)}_{self.owner}_{n:08d}_{m.group(4)}{doubt}.jsonl")
         else:  # an older tracer's file name: still replayable, ordered by mtime
             stamp = int(_mtime(path) * 1e9)
-            new = path.with_name(f"{stamp:019d}_{self.owner}_{n:08d}_0.jsonl")
+            new = path.with_name(f"{stamp:019d}_{self.owner}_{n:08d}_0{doubt}.jsonl")
         try:
-            os.rename(path, new)
+            _rename(path, new)
         except OSError:
             return None
-        if is_in_doubt(path):  # the mark follows its batch (after the batch: never alone)
-            with contextlib.suppress(OSError):
-                os.rename(_doubt_marker(path), _doubt_marker(new))
+        if doubt:
+            _unlink(legacy)  # its batch carries the mark now
         with self._lock:
             self.used += _size(new)
         return new
@@ -278,13 +303,19 @@ def batch_sort_key(path: Path) -> tuple[int, str]:
     return (int(m.group(1)), path.name) if m else (int(_mtime(path) * 1e9), path.name)
 
 
-def _doubt_marker(path: Path) -> Path:
+def _legacy_marker(path: Path) -> Path:
     return path.with_name(f".{path.name}.in-doubt")
 
 
 def is_in_doubt(path: Path) -> bool:
     """Whether a batch file is marked as possibly stored already (``mark_in_doubt``)."""
-    return _doubt_marker(path).exists()
+    m = _NAME.match(path.name)
+    return bool(m and m.group(5))
+
+
+def _with_doubt(path: Path, doubt: bool) -> Path:
+    stem = path.name[: -len(".jsonl")].removesuffix(DOUBT)
+    return path.with_name(f"{stem}{DOUBT if doubt else ''}.jsonl")
 
 
 def batch_size(path: Path) -> int:
@@ -350,9 +381,17 @@ def _write_new(path: Path, lines: Sequence[bytes], prefix: bytes = b"") -> None:
         os.close(fd)
 
 
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(OSError):
+# The spool's file-system calls that create, rename and remove batch files, in one place each.
+def _rename(src: Path, dst: Path) -> None:
+    os.rename(src, dst)
+
+
+def _unlink(path: Path, strict: bool = False) -> None:
+    try:
         os.unlink(path)
+    except OSError:
+        if strict:
+            raise
 
 
 def _size(path: Path) -> int:

@@ -19,12 +19,33 @@ if TYPE_CHECKING:
 log = logging.getLogger("tracer")
 
 
-def stop_worker(w: ExportWorker, deadline: float, errors: InternalErrors) -> bool:
-    """Stop one backend's worker and exporter, and report what is left. True when nothing is
-    left (everything it was given is stored or counted)."""
-    stopped = w.stop(deadline)
+# After shutdown's deadline, every backend together: an idle worker thread gets this long to
+# leave (a thread starved of the GIL), and a call aborted at the deadline (its export process
+# killed) this much more to end. So shutdown(T) returns within T + STOP_GRACE_S +
+# ABORT_GRACE_S whatever the number of backends (plus spool writes in progress, and exporters'
+# own shutdown when they overrun the time they are given).
+STOP_GRACE_S = 0.5
+ABORT_GRACE_S = 1.0
+
+
+def stop_workers(workers: list[ExportWorker], deadline: float, errors: InternalErrors) -> bool:
+    """Stop every backend's worker and exporter by one shared end, and report what is left.
+    True when nothing is left (everything they were given is stored or counted)."""
+    for w in workers:  # all at once: the idle ones leave side by side
+        w.request_stop()
+    grace = deadline + STOP_GRACE_S
+    ok = True
+    for w in workers:
+        ok = stop_worker(w, deadline, grace, errors) and ok
+    return ok
+
+
+def stop_worker(w: ExportWorker, deadline: float, grace: float, errors: InternalErrors) -> bool:
+    """Stop one backend's worker and exporter (its thread waited for until ``grace``), and
+    report what is left. True when nothing is left."""
+    stopped = w.stop(grace)
     if not stopped and w.exporter.abort():  # e.g. a hung export process: killed
-        stopped = w.stop(time.monotonic() + 2.0)  # its call ends; the batch is spooled
+        stopped = w.stop(grace + ABORT_GRACE_S)  # its call ends; the batch is spooled
     if not stopped:
         # the wait before a retry ends at stop(): a thread still here is in a call (or, on a
         # thread starved of the GIL, not yet out of that wait: said as it is)
@@ -35,12 +56,13 @@ def stop_worker(w: ExportWorker, deadline: float, errors: InternalErrors) -> boo
             "rollout-tracer: backend %s %s (%.0f s); not shutting it down (never two calls "
             "at once)", w.name, what, time.monotonic() - since if since else 0.0)  # fmt: skip
     else:
+        end = grace + ABORT_GRACE_S
         try:
-            w.exporter.force_flush(max(0.1, deadline - time.monotonic()))
-            w.exporter.shutdown(max(0.1, deadline - time.monotonic()))
+            w.exporter.force_flush(max(0.0, end - time.monotonic()))
+            w.exporter.shutdown(max(0.0, end - time.monotonic()))
         except Exception as exc:
             errors.report(f"shutting down backend {w.name}", exc, background=True)
-    left = w.abandon()
+    left = w.abandon(until=grace + ABORT_GRACE_S)
     if any(left):
         report_left(w, left)
         return False

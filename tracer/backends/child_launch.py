@@ -1,12 +1,15 @@
 """How the export child is started (``tracer.backends.subprocess_proxy``), so that nobody
 notices it:
 
-- **Isolated imports.** ``python -m`` puts the working directory first on ``sys.path``: a user's
-  ``orjson.py``, ``mlflow.py`` or ``tracer/`` there would be imported by the child. It starts
-  with ``-I`` (no working directory, no ``PYTHONPATH``, no user site) and sets the parent's
-  ``sys.path`` explicitly (so editable installs and ``PYTHONPATH`` users still work), without
-  the parent's working directory and with the folder of this very ``tracer`` package ahead of
-  any other folder that holds a ``tracer``.
+- **Isolated imports.** ``python -m`` and ``-c`` put the working directory first on
+  ``sys.path``: a user's ``orjson.py``, ``mlflow.py`` or ``tracer/`` there would be imported by
+  the child. It starts with ``-I`` (no working directory, no ``PYTHONPATH``, no user site) and
+  sets the parent's ``sys.path`` explicitly (so editable installs and ``PYTHONPATH`` users still
+  work), without that implicit working-directory entry and with the folder of this very
+  ``tracer`` package ahead of any other folder that holds a ``tracer``. The folder of a script
+  run as ``python train.py`` stays, even when it is the working directory: Python put it there
+  for the script's own imports (a backend in ``my_backend.py`` beside it), so the child can
+  import what the parent could.
 - **Tied to the process, not a thread.** Linux's parent-death signal fires when the *thread*
   that forked the child ends. Every child is forked by one long-lived daemon thread of ours,
   so ``tracer.init()`` from a short-lived thread does not kill it.
@@ -43,18 +46,32 @@ def tracer_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(here)))
 
 
-def child_path(path: list[str] | None = None, cwd: str | None = None) -> list[str]:
+def script_folder() -> str | None:
+    """The folder of the script this process runs (``python train.py``), which Python put first
+    on ``sys.path``; None under ``python -m`` (``__main__`` has a spec), ``-c`` or a REPL (no
+    file), where the first entry is the working directory's implicit one."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:
+        return None
+    file = getattr(main, "__file__", None)
+    return os.path.dirname(os.path.abspath(file)) if isinstance(file, str) and file else None
+
+
+def child_path(path: list[str] | None = None, cwd: str | None = None,
+               script: str | None = None) -> list[str]:  # fmt: skip
     """The child's ``sys.path``: the parent's, absolute, without the working directory (``''``
-    or the folder itself: the user's, whatever it holds), and with this ``tracer``'s folder
+    or the folder itself: the user's, whatever it holds) unless it is the folder of the script
+    being run (``script``, default :func:`script_folder`), and with this ``tracer``'s folder
     before any other folder that has a ``tracer`` module or package."""
     cwd = os.getcwd() if cwd is None else cwd
+    script = script_folder() if script is None and path is None else script
     root = tracer_root()
     out: list[str] = []
     for entry in sys.path if path is None else path:
         if not entry or not isinstance(entry, str):
             continue
         full = os.path.abspath(entry)
-        if (full == cwd and full != root) or full in out:
+        if (full == cwd and full not in (root, script)) or full in out:
             continue
         out.append(full)
     for i, entry in enumerate(out):

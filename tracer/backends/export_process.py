@@ -95,8 +95,11 @@ def _make(name: str, target: str | None, config: Any, create: Any) -> Any:
         return create(name, config)
     import importlib
 
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)(config)
+    module, _, qualname = target.partition(":")
+    factory: Any = importlib.import_module(module)
+    for attr in qualname.split("."):  # a class inside a class: "module:Outer.Inner"
+        factory = getattr(factory, attr)
+    return factory(config)
 
 
 def _export(exporter: Any, message: tuple[str, list[Any], bool]) -> tuple[str, Any, bool]:

@@ -117,6 +117,8 @@ class SubprocessExporter(Exporter):
         self._proc: subprocess.Popen[bytes] | None = None
         self._channel: Channel | None = None
         self._aborted = False  # abort() killed it and said so
+        # how the child makes the backend; a callable it cannot import is refused here, at init
+        self._target = _import_path(name)
         _live.add(self)
         if start:
             self._start()  # at init: a child that cannot start is an init error, like a backend
@@ -208,17 +210,22 @@ class SubprocessExporter(Exporter):
         self._proc, self._channel = proc, Channel(from_child, to_child)
         child_launch.release(from_child, to_child, close=False)  # the channel's now
         self.starts += 1
+        not_ours = (f"{exe} did not start the export process: no Python answered as its own "
+                    "child (a wrapper script that runs Python without `exec`?); name a Python "
+                    "interpreter with multiprocessing.set_executable(path)")  # fmt: skip
         try:
             try:
                 hello = self._channel.recv(time.monotonic() + START_TIMEOUT_S, HELLO_MAX_BYTES)
             except TimeoutError:
                 raise TimeoutError(f"{exe} did not start the export process within "
                                    f"{START_TIMEOUT_S:.0f} s") from None  # fmt: skip
+            except (EOFError, OSError, ValueError) as exc:  # it ended, or wrote something else
+                raise RuntimeError(f"{not_ours} ({type(exc).__name__}: {exc})") from None
             if hello != ("hello", proc.pid):
-                raise RuntimeError(f"{exe} did not start the export process")
+                raise RuntimeError(not_ours)
             # the backend's own start (MLflow's import): as long as it may take in process
             deadline = time.monotonic() + max(60.0, 2 * self.config.export_timeout_s)
-            self._channel.send((self.name, _import_path(self.name), self.config), deadline)
+            self._channel.send((self.name, self._target, self.config), deadline)
             status, detail, _ = self._channel.recv(deadline)
             if status != "ready":
                 raise RuntimeError(f"export process for {self.name} failed to start: {detail}")
@@ -294,12 +301,46 @@ class SubprocessExporter(Exporter):
 
 
 def _import_path(name: str) -> str | None:
-    """How the child makes the backend: its "module:Factory" path as registered here (a backend
-    registered as a callable has none: the child then looks the name up itself)."""
+    """How the child makes the backend: its "module:Factory" path as registered here, or the
+    import path of a callable registered here (a class or function at the top of a module the
+    child can import); None for a name the registry does not hold (the child looks it up).
+    Raises ``ConfigError`` for a callable the child cannot import."""
     from tracer.backends import available_backends
 
     target = available_backends().get(name)
-    return target if isinstance(target, str) else None
+    if target is None or isinstance(target, str):
+        return target
+    path = callable_import_path(target)
+    if path is None:
+        from tracer.config import ConfigError
+
+        raise ConfigError(
+            f"backend {name!r} is registered as {target!r}, which the export process cannot "
+            "import (defined in __main__ or inside a function); register it as "
+            "'module:Factory' from a module beside your script, or set "
+            "export_in_subprocess=False")  # fmt: skip
+    return path
+
+
+def callable_import_path(target: Any) -> str | None:
+    """``module:qualname`` of a class or function another interpreter can import to get the
+    very same object; None for one defined in ``__main__`` (the child never runs the user's
+    script), inside a function, or a lambda."""
+    import importlib
+
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    if module == "__main__" or "<" in qualname:
+        return None
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{module}:{qualname}" if found is target else None
 
 
 def _exit_reason(returncode: int | None) -> str:
