@@ -181,8 +181,8 @@ def layout_table() -> dict[str, int]:
     import re
 
     tables = doc_tables()
-    rows = re.findall(r"^\| `([^`]+)` \| (\d+) \|$", tables.block(tables.LAYOUT.read_text(),
-                                                                 "modules"), re.M)  # fmt: skip
+    rows = re.findall(r"^\| `([^`]+)` \| (\d+) \|", tables.block(tables.LAYOUT.read_text(),
+                                                               "modules"), re.M)  # fmt: skip
     return {path: int(lines) for path, lines in rows}
 
 
@@ -199,6 +199,40 @@ def test_the_layout_pages_line_counts_are_close() -> None:
     off = {path: (table[path], lines) for path, lines in code.items()
            if path in table and abs(table[path] - lines) > max(40, lines // 5)}  # fmt: skip
     assert off == {}, "docs/layout.md's (page, code) line counts; run python scripts/doc_tables.py"
+
+
+def test_the_layout_page_says_what_each_module_and_reader_package_does() -> None:
+    """The module table's third column and the readers map are the docstrings, as the code
+    has them now; a reader package without a docstring has no answer to show."""
+    import re
+
+    tables = doc_tables()
+    page = tables.LAYOUT.read_text()
+    missing = [p.relative_to(ROOT).as_posix() for p in tables.reader_packages()
+               if not tables.summary(p / "__init__.py")]  # fmt: skip
+    assert missing == [], "reader packages without a docstring saying what they answer"
+    assert {"readers/habits/", "readers/timing/", "readers/explore/"} <= set(
+        re.findall(r"^(readers/\S*)", tables.block(page, "readers"), re.M))
+    fix = ": run python scripts/doc_tables.py"
+    assert tables.block(page, "readers") == tables.readers_block() + "\n", "readers map" + fix
+    shown = dict(re.findall(r"^\| `([^`]+)` \| \d+ \| (.*) \|$", tables.block(page, "modules"),
+                            re.M))  # fmt: skip
+    stale = sorted(p for p in shown if (ROOT / p).is_file() and shown[p] != tables.summary(ROOT / p))
+    assert stale == [], "module descriptions differ from their docstrings" + fix
+
+
+def test_every_file_the_layout_page_names_exists() -> None:
+    """The hand-written parts (the import diagram, rollout/, benchmarks/): a `name.py` or
+    `name.js` that no file in the tree has is a module that was renamed or removed."""
+    import re
+
+    names = {p.name for top in ("tracer", "rollout", "benchmarks", "scripts", "tests", "config")
+             for p in (ROOT / top).rglob("*") if p.is_file()}  # fmt: skip
+    # the generated blocks quote docstrings, which may name other projects' files
+    text = re.sub(r"<!-- begin (\S+) -->.*?<!-- end \1 -->", "", doc_tables().LAYOUT.read_text(),
+                  flags=re.S)  # fmt: skip
+    named = set(re.findall(r"(?<![\w.-])([a-z_][\w]*\.(?:py|js|html))\b", text))
+    assert sorted(named - names) == []
 
 
 def test_rooms_under_400_lines_or_in_the_allowlist() -> None:
