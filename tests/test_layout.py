@@ -217,7 +217,8 @@ def test_the_layout_page_says_what_each_module_and_reader_package_does() -> None
     assert tables.block(page, "readers") == tables.readers_block() + "\n", "readers map" + fix
     shown = dict(re.findall(r"^\| `([^`]+)` \| \d+ \| (.*) \|$", tables.block(page, "modules"),
                             re.M))  # fmt: skip
-    stale = sorted(p for p in shown if (ROOT / p).is_file() and shown[p] != tables.summary(ROOT / p))
+    stale = sorted(p for p, said in shown.items()
+                   if (ROOT / p).is_file() and said != tables.summary(ROOT / p))  # fmt: skip
     assert stale == [], "module descriptions differ from their docstrings" + fix
 
 
