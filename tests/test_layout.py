@@ -152,6 +152,22 @@ def test_the_explorer_is_a_reader() -> None:
     assert "rollout.explore_cli" in import_graph("rollout")["rollout.cli"]
 
 
+# the commands that read what the tracer stored; `run` (cli.py, ray_cli.py) is the demo rollout
+READER_COMMANDS = {"rollout.export_cli", "rollout.flags_cli", "rollout.explore_cli",
+                   "rollout.replay_cli", "rollout.ui"}  # fmt: skip
+
+
+def test_the_reader_commands_need_nothing_of_the_demo_rollout() -> None:
+    """`rollout-tracer export`, `report`, `flags`, `explore`, `replay` and `ui` live in
+    rollout/ only as command lines: what they read with is in tracer/ (the tokenizer too,
+    tracer/readers/tokenizers.py), never the demo's models, engines or rewards."""
+    graph = import_graph("rollout")
+    assert set(graph) >= READER_COMMANDS
+    demo = {m: sorted(t for t in graph[m] if t.startswith("rollout") and t not in
+                      READER_COMMANDS | {"rollout.extras"}) for m in READER_COMMANDS}  # fmt: skip
+    assert {m: ts for m, ts in demo.items() if ts} == {}
+
+
 def test_no_import_cycle_inside_benchmarks() -> None:
     """A benchmark may use another's helpers, never both ways (bench_patterns.py and explore.py
     share benchmarks/explorer_http.py instead of importing each other)."""
