@@ -183,8 +183,6 @@ OVER_400 = {
     "split one export path in two; not split yet (#51 left it)",
     "tracer/snapshot.py": "the hot path's argument snapshot: one pass kept together for speed "
     "(benchmarks/hotpath.py); over by ~30 lines, not split yet",
-    "tracer/record_builder.py": "a trajectory's record in one pass; over by ~25 lines, not split "
-    "yet",
     "tracer/ops.py": "trace_attr and trace_op, the hot path; over by ~15 lines, not split yet",
     "tracer/readers/explore/store.py": "the explorer's DuckDB queries; over by a few lines",
     "tracer/readers/explore/server.py": "the explorer's HTTP routes; over by a few lines",
