@@ -75,7 +75,8 @@ def _add_source_args(p: argparse.ArgumentParser, parquet: bool = False) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--tokenizer", help="the tokens table's token text: a builtin model name "
-                   "(smollm2-135m-instruct) or a local HF folder")  # fmt: skip
+                   "(smollm2-135m-instruct, once `rollout-tracer run` has converted it) or a "
+                   "local HF folder")  # fmt: skip
 
 
 def configure_export(p: argparse.ArgumentParser) -> None:
@@ -258,7 +259,7 @@ def _source_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _trace_tokenizers() -> Any:
-    from rollout.models import TraceTokenizers
+    from tracer.readers.tokenizers import TraceTokenizers
 
     return TraceTokenizers()
 
@@ -266,7 +267,7 @@ def _trace_tokenizers() -> Any:
 def _tokenizer(path: str | None) -> Any:
     if not path:
         return None
-    from rollout.models import load_tokenizer
+    from tracer.readers.tokenizers import load_tokenizer
 
     return load_tokenizer(path)
 

@@ -6,7 +6,8 @@
   ``qwen.tiktoken`` with a ChatML chat template that supports tools.
 * ``tiny-qwen3``: a 2-layer random-weight Qwen3 with that vocabulary, for fast engine tests.
 
-The cache lives under ``$ROLLOUT_TRACER_CACHE`` (default ``~/.cache/rollout-tracer``)/models;
+The cache lives under ``$ROLLOUT_TRACER_CACHE`` (default ``~/.cache/rollout-tracer``)/models
+(tracer/readers/tokenizers.py, which loads a builtin's tokenizer from there for the readers);
 each entry is built in a temporary folder and renamed into place atomically, under a file lock,
 so concurrent processes are safe.
 """
@@ -75,10 +76,11 @@ CHATML_TOOLS_TEMPLATE = _CHATML_TOOLS_TEMPLATE.replace("%}\n", "%}{{ '\\n' }}")
 
 
 def cache_root() -> Path:
-    """The model cache folder: ``$ROLLOUT_TRACER_CACHE/models`` or ``~/.cache/...``."""
-    base = os.environ.get("ROLLOUT_TRACER_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "rollout-tracer"
-    return root / "models"
+    """The model cache folder, where the readers find a builtin model by name too
+    (:func:`tracer.readers.tokenizers.model_cache`)."""
+    from tracer.readers.tokenizers import model_cache
+
+    return model_cache()
 
 
 def _package_dir(name: str) -> Path:
@@ -236,67 +238,3 @@ def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
     model.eval()
     return model, tok
-
-
-def _hub_tokenizer(name: str) -> tuple[Any, str]:
-    """A Hugging Face model id's tokenizer from the local cache only (an export never
-    downloads): (tokenizer, "") or (None, why not)."""
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(name, local_files_only=True), ""
-    except ImportError as exc:
-        return None, f"{exc.name} is not installed: pip install 'rollout-tracer[rollout]'"
-    except Exception:  # not in the cache (OSError), or a broken cached copy
-        return None, ("a Hugging Face model id not in this machine's Hugging Face cache "
-                      "(the export never downloads)")
-
-
-class TraceTokenizers:
-    """The tokenizer a trace names (token2text records its ``name_or_path``), for an export's
-    tokens table: loaded once per name; a builtin model's name, a local folder, or a builtin's
-    cache folder recorded on another machine (found by its builtin name). ``missing`` says,
-    per name, why it could not be loaded; ``unnamed`` counts trajectories that name none."""
-
-    def __init__(self) -> None:
-        self.loaded: dict[str, Any] = {}
-        self.missing: dict[str, str] = {}
-        self.unnamed = 0
-
-    def __call__(self, name: str | None) -> Any:
-        if name is None:
-            self.unnamed += 1
-            return None
-        if name not in self.loaded:
-            self.loaded[name] = self._load(name)
-        return self.loaded[name]
-
-    def _load(self, name: str) -> Any:
-        builtins = (SMOLLM2, TINY_QWEN3, QWEN_TOKENIZER)
-        candidates = [name] if name in builtins or Path(name).expanduser().is_dir() else []
-        base = Path(name.rstrip("/")).name
-        if base in builtins and base != name:
-            candidates.append(base)
-        why = "neither a builtin model name nor a folder on this machine"
-        for candidate in candidates:
-            try:
-                return load_tokenizer(candidate)
-            except ImportError as exc:
-                why = f"{exc.name} is not installed: pip install 'rollout-tracer[rollout]'"
-            except Exception as exc:  # a folder without tokenizer files, a broken one
-                why = f"{type(exc).__name__}: {exc}"
-        if not candidates and "/" in name and not name.startswith(("/", ".", "~")):
-            found, why = _hub_tokenizer(name)
-            if found is not None:
-                return found
-        self.missing[name] = why
-        return None
-
-    def note(self, token_rows: int) -> str | None:
-        """What to tell the user when the tokens table was written without text, or None."""
-        if not token_rows or not (self.missing or (self.unnamed and not self.loaded)):
-            return None
-        why = "; ".join(f"{n}: {w}" for n, w in self.missing.items()) if self.missing else \
-            "the traces name no tokenizer (token2text records the one it used)"  # fmt: skip
-        return (f"the tokens table has token ids without their text ({why}); add --tokenizer "
-                "NAME (a builtin model name or a local Hugging Face folder)")

@@ -1,6 +1,7 @@
-"""Rewrite the generated blocks of the docs from the code: the module table of docs/layout.md
-(every module under tracer/, rollout/, benchmarks/ with its line count) and the signatures in
-docs/api.md (one per name in ``tracer.__all__``).
+"""Rewrite the generated blocks of the docs from the code: docs/layout.md's module table (every
+module under tracer/, rollout/, benchmarks/ with its line count and its docstring's first
+sentence) and its readers map (each package under tracer/readers/ with its docstring and
+modules), and the signatures in docs/api.md (one per name in ``tracer.__all__``).
 
     python scripts/doc_tables.py          # rewrite both blocks in place
     python scripts/doc_tables.py --check  # exit 1 when a block is not what the code makes
@@ -12,6 +13,7 @@ functions compute, so a page cannot drift from the code without a failing test.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import sys
@@ -33,9 +35,38 @@ def modules() -> dict[str, int]:
     return found
 
 
+def summary(path: Path) -> str:
+    """The first sentence of a module's docstring, on one line ("" when it has none)."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    sentence = re.split(r"(?<=[a-z0-9)`'])\.(?:\s|$)", first, maxsplit=1)[0].rstrip(".")
+    return sentence.replace("``", "`").replace("|", "\\|")
+
+
 def layout_block() -> str:
-    rows = [f"| `{path}` | {lines} |" for path, lines in modules().items()]
-    return "\n".join(["| module | lines |", "|---|---:|", *rows])
+    rows = [f"| `{path}` | {lines} | {summary(ROOT / path)} |" for path, lines in modules().items()]
+    return "\n".join(["| module | lines | what it does |", "|---|---:|---|", *rows])
+
+
+def reader_packages() -> list[Path]:
+    """tracer/readers/ and each package inside it: the readers, grouped by the question each
+    answers."""
+    readers = ROOT / "tracer" / "readers"
+    return [readers, *sorted(p.parent for p in readers.glob("*/__init__.py"))]
+
+
+def readers_block() -> str:
+    """The readers map: per package its docstring's first sentence and its modules."""
+    import textwrap
+
+    lines = []
+    for package in reader_packages():
+        name = package.relative_to(ROOT / "tracer").as_posix() + "/"
+        names = sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
+        for text, first in ((summary(package / "__init__.py"), f"{name:<18}"),
+                            ("modules: " + "  ".join(names), " " * 18)):  # fmt: skip
+            lines += textwrap.wrap(text, 96, initial_indent=first, subsequent_indent=" " * 18)
+    return "```\n" + "\n".join(lines) + "\n```"
 
 
 def signature_of(name: str) -> str:
@@ -114,7 +145,10 @@ def api_block(name: str) -> Callable[[], str]:
 
 def blocks() -> dict[str, tuple[Path, Callable[[], str]]]:
     """Every generated block: its page and what writes it."""
-    found: dict[str, tuple[Path, Callable[[], str]]] = {"modules": (LAYOUT, layout_block)}
+    found: dict[str, tuple[Path, Callable[[], str]]] = {
+        "modules": (LAYOUT, layout_block),
+        "readers": (LAYOUT, readers_block),
+    }
     for name in api_names():
         found[f"sig:{name}"] = (API, api_block(name))
     return found

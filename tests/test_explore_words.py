@@ -52,7 +52,7 @@ def test_token2text_records_its_tokenizer(smollm2_tokenizer: Any) -> None:
 
 
 def test_a_named_tokenizer_is_found_or_said_missing(smollm2_tokenizer: Any) -> None:
-    from rollout.models import TraceTokenizers
+    from tracer.readers.tokenizers import TraceTokenizers
 
     found = TraceTokenizers()
     # the builtin's cache folder as another machine recorded it: found by the builtin's name
@@ -60,7 +60,7 @@ def test_a_named_tokenizer_is_found_or_said_missing(smollm2_tokenizer: Any) -> N
     assert tok is not None and tok.decode([28]) == smollm2_tokenizer.decode([28])
     assert found(smollm2_tokenizer.name_or_path) is not None and found.note(10) is None
     assert found("no-such-model/anywhere") is None
-    assert "no-such-model/anywhere: neither a builtin" in (found.note(10) or "")
+    assert "no-such-model/anywhere: neither a local folder" in (found.note(10) or "")
     assert "--tokenizer NAME" in (found.note(10) or "") and found.note(0) is None
     unnamed = TraceTokenizers()
     assert unnamed(None) is None and "name no tokenizer" in (unnamed.note(5) or "")

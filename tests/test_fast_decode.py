@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 from tracer.fast_decode import fast_decoder
-from tracer.record_builder import decode_ids
+from tracer.token_text import decode_ids
 
 
 def test_same_text_as_decode_on_smollm2(smollm2_tokenizer: Any) -> None:

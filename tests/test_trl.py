@@ -113,6 +113,7 @@ _EXPRESSIONS: dict[str, str] = {}
 @pytest.fixture(scope="module")
 def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import pandas as pd
+    import torch
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -147,7 +148,15 @@ def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                      experiment_name=RUN,
                      max_samples_per_step_per_worker=64, token2text=True,
                      raise_internal_errors=True)  # fmt: skip
-    trainer.train()
+    # one torch thread, given back after: the suite runs 3 workers on 2 cores, and torch's
+    # default (a thread per core) made this training fight them (53 s alone, 378 s in the
+    # suite, #58), as HFEngine's num_threads already avoids for generation
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
     assert tracer.flush(60)
     tracer.shutdown()
     parquet = sorted((tmp / "out" / "completions").glob("completions_*.parquet"))

@@ -418,4 +418,3 @@ async def test_trackio_backend_leaves_the_callers_run_of_another_project_alone(
         "rollout_trace/TracedClass.my_method"
     ]
     assert [row["loss"] for row in SQLiteStorage.get_logs("metrics", "train")] == [0.5]
-

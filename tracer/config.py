@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracer.backend_registry import _BUILTIN, available_backends
 from tracer.config_values import ConfigError, check_value
 
 # Keep rules (tail sampling, tracer/keep.py): names accepted in ``TraceConfig.keep``.
@@ -158,8 +159,6 @@ class TraceConfig:
         return config
 
     def _check_backends(self) -> None:
-        from tracer.backends import check_backends  # the registry: names registered so far
-
         self.backend = _normalize_backends(self.backend)
         check_backends(self.backend)
 
@@ -307,8 +306,7 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str:
 
 def _normalize_backends(backend: Any) -> list[str]:
     """Backend names as a list, lower case, without duplicates. Whether each name exists is
-    checked where the registry is (``tracer.backends.check_backends``), so this module stays a
-    leaf."""
+    checked by :func:`check_backends` against tracer/backend_registry.py."""
     if backend is None:
         return []
     if isinstance(backend, str):
@@ -324,3 +322,19 @@ def _normalize_backends(backend: Any) -> list[str]:
         if n not in seen:
             seen.append(n)
     return seen
+
+
+def check_backends(names: list[str]) -> None:
+    """Raise ``ConfigError`` naming the valid backends (and the closest one) for a typo. Valid:
+    the built-in names, those given to :func:`register_backend` so far, and the entry points
+    of the ``rollout_tracer.backends`` group (``TraceConfig`` asks when it is made, so register
+    a backend before making a config that names it)."""
+    if all(n in _BUILTIN for n in names):  # every TraceConfig asks: skip the entry-point scan
+        return
+    valid = available_backends()
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ConfigError(
+            f"unknown trace backend(s) {bad}; valid backends: {sorted(valid)} "
+            f"(or None / 'dummy': tracing off){did_you_mean(bad[0], valid)}"
+        )

@@ -3,25 +3,20 @@ JSON-able)."""
 
 from __future__ import annotations
 
-import inspect
 import math
 import traceback
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from tracer.fast_decode import fast_decoder
-from tracer.jsonable import Limits, render_snapshot, safe_repr, to_jsonable, truncation_marker
+from tracer.jsonable import Limits, render_snapshot, safe_repr, to_jsonable
 from tracer.record import SpanRecord, TrajectoryRecord, end_reason_of, is_aborted, is_verl_style
-from tracer.snapshot import Json, ObjectSnapshot, Truncated, json_bytes, json_value
+from tracer.snapshot import ObjectSnapshot, Truncated
+from tracer.token_text import as_id_list, find_field, response_count, token2text, verl_token2text
 from tracer.tokens import LOGPROBS_ATTR, as_float_list, encode_floats
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
     from tracer.trajectory import Span, Trajectory
 
-_PROMPT_FIELDS = ("prompt_ids", "input_ids")
-_RESPONSE_FIELDS = ("response_ids", "output_ids", "token_ids")
 _REWARD_KEYS = ("reward", "score", "reward_score", "acc")
 # where a generate call's result holds per-token log-probs: ours, verl's TokenOutput, vLLM's
 _LOGPROB_FIELDS = ("logprobs", "log_probs", "response_logprobs")
@@ -55,16 +50,16 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
         inputs = render_snapshot(span.inputs, limits)
         outputs = render_snapshot(span.outputs, limits)
         if config.token2text and verl:
-            _verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
+            verl_token2text(span, outputs, attrs, span.tokenizer or tokenizer, limits)
         elif config.token2text:
-            _token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer, limits)
+            token2text(span, inputs, outputs, attrs, span.tokenizer or tokenizer, limits)
         if span.kind == "reward" and span.error is None:
             value = _reward_value(span.outputs)
             if value is not None:
                 attrs["reward"] = value
                 reward = value
         if span.kind == "generate":
-            finish = _find_field(span.outputs, "finish_reason")
+            finish = find_field(span.outputs, "finish_reason")
             if finish is not None:
                 attrs["finish_reason"] = (
                     safe_repr(finish, limits) if not isinstance(finish, str) else finish
@@ -73,8 +68,8 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
             if lps:
                 rollout_logprobs.extend(lps)
             if span.error is None:
-                aborted = is_aborted(finish) or is_aborted(_find_field(span.outputs,
-                                                                       "stop_reason"))
+                aborted = is_aborted(finish) or is_aborted(find_field(span.outputs,
+                                                                      "stop_reason"))
         if span.kind == "tool":
             attrs.setdefault("tool_name", _tool_name(span))
         parent = span.parent_id
@@ -105,7 +100,7 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     # why it ended (and a dropped one's length so far): root span attributes and trace tags
     ended: dict[str, Any] = {"end_reason": reason}
     if reason != "completed":  # counted here for drops only: readers count the others' spans
-        counts = [_response_count(span, record.attributes) for span, record in
+        counts = [response_count(span.outputs, record.attributes) for span, record in
                   zip(recorded, spans, strict=True) if span.kind == "generate"
                   and span.error is None]  # fmt: skip
         if any(n is not None for n in counts):
@@ -139,27 +134,12 @@ def build_record(traj: Trajectory, config: TraceConfig, tokenizer: Any) -> Traje
     )
 
 
-def _response_count(span: Span, attrs: dict[str, Any]) -> int | None:
-    """How many tokens a generate call returned: token2text's count, else the length of the
-    ids in its outputs (None when it returned none)."""
-    n = attrs.get("response_tokens")
-    if isinstance(n, int):
-        return n
-    hit = _collect_ids(span.outputs, _RESPONSE_FIELDS)
-    if hit is None:
-        return None
-    try:
-        return _as_id_list(hit[1])[1]
-    except (TypeError, ValueError):
-        return None
-
-
 def _encode_logprobs(span: Span, outputs: Any, attrs: dict[str, Any]) -> list[float] | None:
     """The engine's per-token log-probs of a generate span -> one compact attribute
     (``tracer.tokens`` encoding) plus their min and mean; the outputs keep a short marker in
     their place, so the span view stays readable."""
     for name in _LOGPROB_FIELDS:
-        raw = _find_field(span.outputs, name)
+        raw = find_field(span.outputs, name)
         if raw is not None:
             break
     else:
@@ -186,10 +166,10 @@ def _logprob_list(raw: Any, outputs: Any) -> list[float] | None:
     """Floats from a list/array of numbers, or from vLLM's per-position ``{token_id:
     Logprob}`` dicts (the sampled token's entry, by the response's ids in ``outputs``)."""
     if isinstance(raw, list) and raw and isinstance(raw[0], dict):
-        token_ids = _find_field(outputs, "response_ids")
+        token_ids = find_field(outputs, "response_ids")
         if token_ids is None:
-            token_ids = _find_field(outputs, "token_ids")
-        ids = _as_id_list(token_ids)[0] if token_ids is not None else []
+            token_ids = find_field(outputs, "token_ids")
+        ids = as_id_list(token_ids)[0] if token_ids is not None else []
         out = []
         for i, entry in enumerate(raw):
             hit = entry.get(ids[i]) if i < len(ids) else None
@@ -242,22 +222,11 @@ def _as_float(x: Any) -> float | None:
 def _reward_value(out: Any) -> float | None:
     if isinstance(out, (dict, ObjectSnapshot)):
         for key in _REWARD_KEYS:
-            value = _find_field(out, key)
+            value = find_field(out, key)
             if value is not None:
                 return _as_float(value)
         return None
     return _as_float(out)
-
-
-def _find_field(value: Any, name: str) -> Any:
-    """The field ``name`` of a snapshot (an object's or a dict's), as Python values; None
-    when it has none."""
-    if isinstance(value, ObjectSnapshot):
-        value = value.fields
-    if isinstance(value, dict):
-        found = value.get(name)
-        return json_value(found) if type(found) is Json else found
-    return None
 
 
 def _tool_name(span: Span) -> str:
@@ -283,166 +252,6 @@ def _error_dict(exc: BaseException, limits: Limits) -> dict[str, Any]:
         "message": message[: limits.max_chars],
         "traceback": tb[-limits.max_chars :],
     }
-
-
-def _collect_ids(value: Any, names: tuple[str, ...]) -> tuple[str, Any] | None:
-    """Find the first token-id field in a snapshot: top level or one object/dict deeper."""
-    containers = [value]
-    if isinstance(value, ObjectSnapshot):
-        containers = [value.fields]
-    elif isinstance(value, dict):
-        containers = [value]
-        for v in value.values():
-            if isinstance(v, ObjectSnapshot):
-                containers.append(v.fields)
-            elif isinstance(v, dict):
-                containers.append(v)
-            elif type(v) is Json:
-                data = json_bytes(v)
-                if any(f'"{name}":'.encode() in data for name in names):
-                    containers.append(orjson.loads(data))  # decoded only when a name shows
-    for container in containers:
-        if isinstance(container, dict):
-            for name in names:
-                ids = container.get(name)
-                if ids is not None:
-                    return name, ids
-    return None
-
-
-def _as_id_list(ids: Any) -> tuple[list[Any], int]:
-    original = None
-    if type(ids) is Json:
-        ids = json_value(ids)
-    if isinstance(ids, Truncated):
-        original, ids = ids.original_len, ids.items
-    if type(ids).__module__ in ("numpy", "torch") and hasattr(ids, "tolist"):
-        if hasattr(ids, "detach"):
-            ids = ids.detach().to("cpu")
-        ids = ids.tolist()
-    ids = list(ids)
-    if ids and isinstance(ids[0], list):  # a batch of one
-        ids = [i for row in ids for i in row]
-    return ids, original if original is not None else len(ids)
-
-
-_INT_ONLY = frozenset({int})  # not bool: True is not a token id
-
-
-def decode_ids(tokenizer: Any, raw_ids: Any) -> tuple[str, int]:
-    """Decode token ids; ids outside the vocabulary become visible markers, never an error."""
-    ids, original = _as_id_list(raw_ids)
-    try:
-        vocab = len(tokenizer)
-    except Exception:
-        vocab = None
-    if ids and set(map(type, ids)) == _INT_ONLY and min(ids) >= 0 and (
-        vocab is None or max(ids) < vocab
-    ):  # every id valid, checked at C speed (the loop below costs ~0.1 µs per id)
-        text = _decode(tokenizer, ids)
-        if original > len(ids):
-            text += truncation_marker(original, len(ids), "token ids")
-        return text, original
-    parts: list[str] = []
-    run: list[int] = []
-    for i in ids:
-        valid = (
-            isinstance(i, int)
-            and not isinstance(i, bool)
-            and i >= 0
-            and (vocab is None or i < vocab)
-        )
-        if valid:
-            run.append(i)
-            continue
-        if run:
-            parts.append(_decode(tokenizer, run))
-            run = []
-        parts.append(f"<invalid token id {i!r}>")
-    if run:
-        parts.append(_decode(tokenizer, run))
-    text = "".join(parts)
-    if original > len(ids):
-        text += truncation_marker(original, len(ids), "token ids")
-    return text, original
-
-
-def _decode(tokenizer: Any, ids: list[int]) -> str:
-    """``decode(ids, skip_special_tokens=False)`` (special tokens are part of what the model
-    saw), or ``decode(ids)`` for a tokenizer whose ``decode`` has no such argument."""
-    fast = fast_decoder(tokenizer, ids)  # the same text, without transformers' per-id Python
-    if fast is not None:
-        return fast(ids)
-    try:
-        return str(tokenizer.decode(ids, skip_special_tokens=False))
-    except TypeError:
-        if _takes_skip_special_tokens(tokenizer.decode):
-            raise  # a TypeError from inside decode itself
-        return str(tokenizer.decode(ids))
-
-
-def _takes_skip_special_tokens(decode: Any) -> bool:
-    try:
-        params = inspect.signature(decode).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.name == "skip_special_tokens" or p.kind is p.VAR_KEYWORD for p in params)
-
-
-def _verl_token2text(
-    span: Span, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
-) -> None:
-    """As verl's tracer: the prompt (the output's ``prompt_ids``, else the input's) and the
-    response (the output's ``response_ids``, else ``token_ids``) decoded into the span's
-    outputs as ``prompt_text`` / ``response_text``; also kept as attributes (turns table)."""
-    if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
-        return  # verl skips ops whose object has no tokenizer
-    inputs = span.inputs if isinstance(span.inputs, dict) else {}
-    prompt = _find_field(span.outputs, "prompt_ids")
-    if prompt is None:
-        prompt = inputs.get("prompt_ids")
-    response = _find_field(span.outputs, "response_ids")
-    if response is None:
-        response = _find_field(span.outputs, "token_ids")
-    for label, ids in (("prompt", prompt), ("response", response)):
-        if ids is not None:
-            _decode_into(label, ids, tokenizer, attrs, outputs, limits)
-
-
-def _token2text(
-    span: Span, inputs: Any, outputs: Any, attrs: dict[str, Any], tokenizer: Any, limits: Limits
-) -> None:
-    found = [
-        ("prompt", _collect_ids(span.inputs, (*_PROMPT_FIELDS, "token_ids")), inputs),
-        ("response", _collect_ids(span.outputs, _RESPONSE_FIELDS), outputs),
-    ]
-    for label, hit, target in found:
-        if hit is None:
-            continue
-        if tokenizer is None:
-            attrs["token2text_error"] = "no tokenizer: call tracer.register_tokenizer(tok)"
-            return
-        _decode_into(label, hit[1], tokenizer, attrs, target, limits)
-        name = getattr(tokenizer, "name_or_path", None)
-        if isinstance(name, str) and name:
-            # which tokenizer made the text: an export decodes the tokens table with it
-            attrs["tokenizer"] = name
-
-
-def _decode_into(label: str, ids: Any, tokenizer: Any, attrs: dict[str, Any], target: Any,
-                 limits: Limits) -> None:  # fmt: skip
-    """Decode ``ids`` into ``<label>_text`` / ``<label>_tokens`` attributes (and ``target``'s
-    ``<label>_text`` when it is a dict); a tokenizer that raises leaves ``token2text_error``."""
-    try:
-        text, count = decode_ids(tokenizer, ids)
-    except Exception as exc:
-        attrs["token2text_error"] = f"{label}: tokenizer raised {type(exc).__name__}: {exc}"
-        return
-    text = to_jsonable(text, limits)
-    attrs[f"{label}_text"] = text
-    attrs[f"{label}_tokens"] = count
-    if isinstance(target, dict):
-        target[f"{label}_text"] = text
 
 
 def _fill_root(spans: list[SpanRecord], reward: float | None) -> None:

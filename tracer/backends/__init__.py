@@ -4,67 +4,21 @@ entry-point group for third-party backends. ``import tracer`` imports no backend
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+# the names and their factories live in a leaf module, which TraceConfig asks when it is made
+from tracer.backend_registry import (
+    _BUILTIN,
+    _SHIPPED,
+    available_backends,
+    builtin_target,
+    register_backend,
+)
+from tracer.config import check_backends
 
 if TYPE_CHECKING:
     from tracer.backends.base import Exporter
     from tracer.config import TraceConfig
-
-# name -> "module:factory" (or a callable); the factory takes a TraceConfig, returns an Exporter.
-_BUILTIN: dict[str, Any] = {
-    "mlflow": "tracer.backends.mlflow_backend:MlflowExporter",
-    "jsonl": "tracer.backends.jsonl_backend:JsonlExporter",
-    "otlp": "tracer.backends.otlp_backend:OtlpExporter",
-    "weave": "tracer.backends.weave_backend:WeaveExporter",
-    "trackio": "tracer.backends.trackio_backend:TrackioExporter",
-    "memory": "tracer.testing:InMemoryExporter",
-}
-
-_SHIPPED = dict(_BUILTIN)  # what a fresh process has: register_backend may change _BUILTIN
-
-
-def register_backend(name: str, factory: str | Callable[[TraceConfig], Exporter]) -> None:
-    """Make ``backend=name`` available: a ``"module:Factory"`` path or a callable that takes
-    the TraceConfig and returns an Exporter (see ``tracer.backends.base.Exporter``)."""
-    _BUILTIN[name.lower()] = factory
-
-
-def builtin_target(name: str) -> str | None:
-    """The import path a built-in backend's name stands for (as a fresh process resolves it),
-    None when ``register_backend`` changed it or the name is not built in."""
-    target = _BUILTIN.get(name)
-    return target if isinstance(target, str) and target == _SHIPPED.get(name) else None
-
-
-def available_backends() -> dict[str, Any]:
-    names = dict(_BUILTIN)
-    try:
-        for ep in entry_points(group="rollout_tracer.backends"):
-            names.setdefault(ep.name, ep.value)
-    except Exception:  # a broken third-party distribution must not break init
-        pass
-    return names
-
-
-def check_backends(names: list[str]) -> None:
-    """Raise ``ConfigError`` naming the valid backends (and the closest one) for a typo. Valid:
-    the built-in names, those given to :func:`register_backend` so far, and the entry points
-    of the ``rollout_tracer.backends`` group (``TraceConfig`` asks when it is made, so register
-    a backend before making a config that names it)."""
-    from tracer.config import ConfigError, did_you_mean
-
-    if all(n in _BUILTIN for n in names):  # every TraceConfig asks: skip the entry-point scan
-        return
-    valid = available_backends()
-    bad = [n for n in names if n not in valid]
-    if bad:
-        raise ConfigError(
-            f"unknown trace backend(s) {bad}; valid backends: {sorted(valid)} "
-            f"(or None / 'dummy': tracing off){did_you_mean(bad[0], valid)}"
-        )
-
 
 def create_exporter(name: str, config: TraceConfig) -> Exporter:
     check_backends([name])
@@ -74,3 +28,7 @@ def create_exporter(name: str, config: TraceConfig) -> Exporter:
     module_name, _, attr = str(target).partition(":")
     factory = getattr(importlib.import_module(module_name), attr)
     return factory(config)  # type: ignore[no-any-return]
+
+
+__all__ = ["_BUILTIN", "_SHIPPED", "available_backends", "builtin_target", "check_backends",
+           "create_exporter", "register_backend"]  # fmt: skip
