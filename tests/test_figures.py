@@ -132,7 +132,7 @@ NOT_MEASURED: dict[str, dict[str, str]] = {
     "docs/trl.md": {"2 %": "the goal (benchmarks/trl_cost.py), not a reading"},
     "docs/api.md": {"2 %": "the live analysis's goal (benchmarks/bench_live.py), not a reading"},
     "docs/explore.md": {"1.25x": "the length-bias rule's threshold (readers/timing/drops.py)"},
-    "docs/export-schema.md": {"1.25x": "the length-bias rule's threshold (readers/timing/drops.py)"},
+    "docs/export-schema.md": {"1.25x": "the length-bias rule's threshold (timing/drops.py)"},
     "docs/verl.md": {"0.5 s": "how often a rollout worker sends its partials (the code's)"},
 }
 
