@@ -251,7 +251,8 @@ def test_every_file_the_layout_page_names_exists() -> None:
     `name.js` that no file in the tree has is a module that was renamed or removed."""
     import re
 
-    names = {p.name for top in ("tracer", "rollout", "benchmarks", "scripts", "tests", "config")
+    names = {p.name for top in ("tracer", "rollout", "benchmarks", "scripts", "tests", "config",
+                                "examples")
              for p in (ROOT / top).rglob("*") if p.is_file()}  # fmt: skip
     # the generated blocks quote docstrings, which may name other projects' files
     text = re.sub(r"<!-- begin (\S+) -->.*?<!-- end \1 -->", "", doc_tables().LAYOUT.read_text(),

@@ -267,8 +267,9 @@ def test_the_export_loads_a_named_tokenizer_from_the_local_cache_or_says_why_not
     text = {t["trace_id"]: t["token"] is not None for t in tokens}
     assert text == {f"{1:032x}": True, f"{2:032x}": False, f"{3:032x}": False}
     assert "token ids without their text" in done.stderr and "--tokenizer" in done.stderr
-    assert f"{names[1]}: neither a builtin model name nor a folder" in done.stderr
-    assert f"{names[2]}: a Hugging Face model id not in this machine's" in done.stderr
+    assert f"{names[1]}: neither a local folder" in done.stderr
+    assert f"{names[2]}: neither a local folder, a model in the cache, nor a Hugging Face model id " \
+        "in this machine's Hugging Face cache" in done.stderr
 
 
 @pytest.mark.slow(seconds=60)
