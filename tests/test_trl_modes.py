@@ -268,8 +268,8 @@ def test_the_export_loads_a_named_tokenizer_from_the_local_cache_or_says_why_not
     assert text == {f"{1:032x}": True, f"{2:032x}": False, f"{3:032x}": False}
     assert "token ids without their text" in done.stderr and "--tokenizer" in done.stderr
     assert f"{names[1]}: neither a local folder" in done.stderr
-    assert f"{names[2]}: neither a local folder, a model in the cache, nor a Hugging Face model id " \
-        "in this machine's Hugging Face cache" in done.stderr
+    hub = "neither a local folder, a model in the cache, nor a Hugging Face model id in this"
+    assert f"{names[2]}: {hub} machine's Hugging Face cache" in done.stderr
 
 
 @pytest.mark.slow(seconds=60)
