@@ -28,7 +28,7 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from tracer.replay import destination_of, destination_problem
-    from tracer.spool import default_spool_dir, spool_folders
+    from tracer.spool_folders import default_spool_dir, spool_folders
 
     spool_dir = args.spool_dir or default_spool_dir()
     if args.spool_dir and not os.path.isdir(spool_dir):

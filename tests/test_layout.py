@@ -194,8 +194,6 @@ OVER_400 = {
     "them; the routes already call store.py and the views: over by a few lines",
     "tracer/export_worker.py": "the export thread's calls; over by ~10 lines since the write-ahead "
     "in-doubt mark (#56), not split yet",
-    "tracer/spool.py": "the spool's files; over by ~8 lines since the in-doubt mark became part of "
-    "the file name (#56), not split yet",
 }
 LIMIT = 400
 

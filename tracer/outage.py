@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from tracer.errors import log_every
-from tracer.spool import strip_credentials
+from tracer.spool_folders import strip_credentials
 
 log = logging.getLogger("tracer")
 
