@@ -99,10 +99,14 @@ class ReplayKill:
     def start(self, mode: str) -> None:
         self.out.unlink(missing_ok=True)
         self.mode = mode
+        # MLflow's client retries a dead server for minutes with backoff; one attempt of at
+        # most 10 s, and the replay again a second later, keeps the replay among the faults
+        env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}  # fmt: skip
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests._chaos_replay", mode, str(self.spool), str(self.out),
              str(self.slow)], stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=ROOT)  # fmt: skip
+            start_new_session=True, cwd=ROOT, env=env)  # fmt: skip
 
     @property
     def running(self) -> bool:

@@ -172,8 +172,9 @@ def schedule(seed: int) -> list[tuple[float, str]]:
     else:
         raise AssertionError(f"CHAOS_SECONDS={SECONDS} leaves no room for the server's hang")
     events += [(hang, "server_stop"), (hang + length, "server_cont")]
-    # the replay's source dies while the server is down (its spool then holds batches), and
-    # its spool is replayed once the server is back; they use no draw: the rest stays put
+    # the replay's source dies while the server is down (its spool then holds batches; if it
+    # holds none, later, when it does), and its spool is replayed once the server is back; they
+    # use no draw: the rest stays put
     events += [(server_kills[0] + 1, "source_kill"), (starts[0] + 1, "replay_kill")]
     for low, high in ((5, span / 2 - 5), (span / 2 + 5, span)):  # two, apart
         slow = rng.uniform(low, high)
@@ -208,8 +209,9 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
     slow = tmp_path / "slow-disk"
     # the replay-kill fault's source: its spool is its own (no live tracer replays it) and on
     # the test's disk (it dies while the tmpfs may be full: what it kept in memory would go)
-    replays = ReplayKill(tmp_path, tmp_path / "source-spool", slow)
-    source = Rollout(0, tmp_path, url, tmp_path / "source-spool")
+    source_spool = tmp_path / "source-spool"
+    replays = ReplayKill(tmp_path, source_spool, slow)
+    source = Rollout(0, tmp_path, url, source_spool)
     try:
         rollouts = [Rollout(w, tmp_path, url, spool) for w in (1, 2)]
         start = time.monotonic()
@@ -238,7 +240,7 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                 continue
             if due:
                 planned, event = events.pop(0)
-                if event not in ("child_kill", "replay_kill"):  # said once done
+                if event not in ("child_kill", "replay_kill", "source_kill"):  # once done
                     print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
                 if event == "server_kill" and server is not None:
                     server.stop(kill=True)
@@ -258,8 +260,14 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                     slow.unlink(missing_ok=True)
                     if freed_at is None:
                         freed_at = time.monotonic()
+                elif event == "source_kill" and not any(source_spool.glob("*/*.jsonl")):
+                    # still starting, or everything exported: a moment with batches on disk
+                    events = sorted([*events, (time.monotonic() - start + 0.2, event)])
                 elif event == "source_kill":
                     source.kill()
+                    print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
+                elif event == "replay_kill" and source.killed_at is None:
+                    events = sorted([*events, (time.monotonic() - start + 0.5, event)])
                 elif event == "replay_kill" and not replays.running:
                     replays.start("kill")
                 elif event == "rollout_kill":
