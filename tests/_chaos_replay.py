@@ -44,6 +44,7 @@ def _write_json(path: Path, payload: Any) -> None:
 
 def main() -> None:
     mode, spool, out, slow = sys.argv[1:5]
+    print(f"{mode}: started at {time.time():.1f}", flush=True)
     from tests._chaos_rollout import slow_disk
     from tracer.backends import register_backend
     from tracer.backends.base import ExportResult

@@ -233,8 +233,11 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                 r.children |= children_of({r.proc.pid}) if r.proc.pid in live else set()
             due = events and time.monotonic() - start >= events[0][0]
             # a process kill waits while the disk is full (a restart ran late) and until the
-            # freed disk has been fast for 3 s: what waited in memory is on disk by then
-            held = disk.full or freed_at is None or time.monotonic() - freed_at < 3
+            # freed disk has been fast for 3 s: what waited in memory is on disk by then; and
+            # not just before a fill (its replacement would start on a full disk)
+            now = time.monotonic() - start
+            held = disk.full or freed_at is None or now - (freed_at - start) < 3 or any(
+                e == "disk_fill" and t - now < GRACE_S + 1 for t, e in events)  # fmt: skip
             if due and events[0][1] == "rollout_kill" and held:
                 events = sorted([*events[1:], (time.monotonic() - start + 0.5, "rollout_kill")])
                 continue
@@ -260,6 +263,8 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                     slow.unlink(missing_ok=True)
                     if freed_at is None:
                         freed_at = time.monotonic()
+                elif event == "source_kill" and source.proc.poll() is not None:
+                    raise AssertionError(f"the replay's source ended: {source.log.name}")
                 elif event == "source_kill" and not any(source_spool.glob("*/*.jsonl")):
                     # still starting, or everything exported: a moment with batches on disk
                     events = sorted([*events, (time.monotonic() - start + 0.2, event)])

@@ -108,15 +108,18 @@ class BackendSpool:
         self.owner = f"{_host()}_{os.getpid()}_{secrets.token_hex(4)}"
         self._lock_fd: int | None = None
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._write_destination(backend, destination, config)
+        self._about = (backend, destination, config)
+        self._described = self._write_destination()
         self._take_ownership()
         self.used = 0  # bytes of this owner's batches (adopted orphans included)
 
-    def _write_destination(self, backend: str, destination: str, config: Any) -> None:
+    def _write_destination(self) -> bool:
+        """The folder's destination.json, unless it has one. False when the disk refused it:
+        the next batch file written tries again (without it, replay cannot see the folder)."""
         meta = self.dir / DESTINATION_FILE
         if meta.exists():
-            return
-        payload = destination_payload(backend, destination, config)
+            return True
+        payload = destination_payload(*self._about)
         tmp = self.dir / f".{DESTINATION_FILE}.{self.owner}.tmp"
         try:
             _write_new(tmp, (), prefix=json.dumps(payload, indent=1, default=str).encode())
@@ -124,6 +127,8 @@ class BackendSpool:
         except OSError:
             # Replay needs it, export does not: a full disk must not stop the tracer here.
             _unlink(tmp)
+            return False
+        return True
 
     def _take_ownership(self) -> None:
         _live_owners.add(self.owner)
@@ -180,6 +185,8 @@ class BackendSpool:
             with self._lock:
                 self.used = max(0, self.used - size)
             raise SpoolError(exc.errno or errno.EIO, f"spool write failed: {exc}") from exc
+        if not self._described:  # made on a full disk: the disk takes files again
+            self._described = self._write_destination()
         return path
 
     def delete(self, path: Path) -> None:
