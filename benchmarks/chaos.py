@@ -6,8 +6,9 @@
 The test suite runs one 60 s schedule (seed 1, 6 trajectories a second per process), enough
 to overlap every fault kind once; this runs what issue 37 first reproduced (150 s at 12 a
 second: server kills, rollout kills and disk fills overlapping; since issue 47 also export
-children SIGKILLed and the server hung for 3-8 s) for several seeds, one after
-another (each takes both cores). It needs root for the tmpfs the spool fills. Exits with
+children SIGKILLed and the server hung for 3-8 s; since issue 56 a replay SIGKILLed inside its
+export call and replayed again, and a slow spool disk) for several seeds, one after another
+(each takes both cores). It needs root for the tmpfs the spool fills. Exits with
 pytest's status; each seed prints its ledger summary.
 """
 

@@ -28,7 +28,7 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from tracer.replay import destination_of, destination_problem
-    from tracer.spool import default_spool_dir, spool_folders
+    from tracer.spool_folders import default_spool_dir, spool_folders
 
     spool_dir = args.spool_dir or default_spool_dir()
     if args.spool_dir and not os.path.isdir(spool_dir):
@@ -88,9 +88,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"{result.destinations[name]}: {n} trajectories replayed"
               + (f", {left} batches left" if left else ""))  # fmt: skip
     for name, n in sorted(result.in_doubt.items()):
-        print(f"{result.destinations[name]}: {n} of them were in doubt (an export call had them "
-              "at a shutdown's deadline and may have stored them) and this backend does not "
-              "deduplicate: they may be stored twice")  # fmt: skip
+        print(f"{result.destinations[name]}: {n} of them were in doubt (an export call of "
+              "unknown outcome had them: one still running at a shutdown's deadline, or in a "
+              "process killed during it) and this backend does not deduplicate: they may be "
+              "stored twice")  # fmt: skip
     for name, why in sorted(result.failed.items()):
         if name not in blocked:
             print(f"{result.destinations.get(name, name)}: FAILED: {why} (the batches stay in "

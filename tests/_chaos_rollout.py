@@ -1,21 +1,26 @@
 """One rollout process of the chaos test (tests/test_chaos.py), run as a user would run a job:
-``python -m tests._chaos_rollout LEDGER URI SPOOL WORKER RATE``, in a session of its own, so a
-terminal's Ctrl-C is SIGINT to its whole process group.
+``python -m tests._chaos_rollout LEDGER URI SPOOL WORKER RATE SLOW``, in a session of its own, so
+a terminal's Ctrl-C is SIGINT to its whole process group.
 
 It traces multi-turn trajectories at about RATE a second into MLflow while a busy Python thread
 holds the GIL, and appends ``<step> <sample_index> <unix time>`` to LEDGER when each one has
 finished (the moment the tracer owns it). On SIGINT it leaves its loop as a rollout would
 (KeyboardInterrupt), shuts the tracer down gracefully, and writes its final metrics next to the
-ledger (``LEDGER.metrics.json``).
+ledger (``LEDGER.metrics.json``). While the file SLOW exists, its spool disk is slow
+(``slow_disk``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import tracer
 
@@ -28,6 +33,28 @@ def spin() -> None:
         while time.monotonic() < until:
             pass
         time.sleep(0.02)
+
+
+def slow_disk(flag: Path) -> None:
+    """A slow spool disk, switched on by the test: while ``flag`` exists, every create, rename
+    and removal of a spool file (tracer/spool.py's own file-system helpers, through which all
+    of them go) takes 50-200 ms more, as on a loaded network disk. The races of issue 56 (a
+    late call ending between two renames, a mark written after the call returned) open wide
+    when these calls are slow."""
+    import tracer.spool as spool
+
+    rng = random.Random()  # a private generator: never the rollout's
+
+    def slowed(call: Callable[..., Any]) -> Callable[..., Any]:
+        def slow_call(*args: Any, **kwargs: Any) -> Any:
+            if flag.exists():
+                time.sleep(rng.uniform(0.05, 0.2))
+            return call(*args, **kwargs)
+
+        return slow_call
+
+    for name in ("_write_new", "_rename", "_unlink"):
+        setattr(spool, name, slowed(getattr(spool, name)))
 
 
 @tracer.trace_op(kind="generate")
@@ -55,7 +82,8 @@ def rollout(worker: int, i: int) -> None:
 
 
 def main() -> None:
-    ledger_path, uri, spool, worker, rate = sys.argv[1:6]
+    ledger_path, uri, spool, worker, rate, slow = sys.argv[1:7]
+    slow_disk(Path(slow))
     tracer.init(
         backend="mlflow", tracking_uri=uri, project_name="chaos", spool_dir=spool,
         flush_interval_s=0.2, export_batch_size=20, replay_interval_s=0.5,

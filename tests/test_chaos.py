@@ -10,14 +10,21 @@ process (default 6), a schedule drawn from the seed:
   down too, so batches have nowhere to go but memory);
 - SIGKILLs the export child of a live rollout process (2 times; the tracer starts another);
 - hangs the server (SIGSTOP to its process group) for 3-8 s, then SIGCONT (once, away from
-  its kills: a hung server, not a dead one).
+  its kills: a hung server, not a dead one);
+- SIGKILLs a replay during its export call, after the server stored its batch, and replays
+  again (``tests/_chaos_replay.py``: the spool of a third rollout process, SIGKILLed while the
+  server was down; the replays count the copies a sink that does not deduplicate would hold);
+- slows the spool disk: each create, rename and removal of a spool file takes 50-200 ms, in
+  every process, for 5-10 s (twice).
 At the end every survivor gets SIGINT on its process group (a terminal's Ctrl-C) and shuts down
 gracefully; then ``rollout-tracer replay`` exports what the spool still holds.
 
 The check, read back with MLflow's client: every trajectory a process finished more than 2 s
 before that process was killed (all of them, for the survivors) is stored exactly once, and any
 other finished trajectory that is missing is counted as dropped by its process (survivors) or
-lies in the last 2 s before a kill. No export child outlives its parent.
+lies in the last 2 s before a kill. No export child outlives its parent. Of what the replays
+sent, every trajectory sent twice was reported in doubt: duplicates and in-doubt are counted
+apart, and a silent duplicate fails the test.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any
 
 import pytest
 
+from tests._chaos_replay import ReplayKill
 from tests._procs import parent_of
 from tests._procs import running as alive
 from tests._servers import MlflowServer, free_port, start_mlflow_server
@@ -57,12 +65,13 @@ class Rollout:
     """One rollout process: its ledger of finished trajectories, and when it was killed."""
 
     def __init__(self, worker: int, tmp: Path, uri: str, spool: Path) -> None:
+        slow = tmp / "slow-disk"  # exists while the spool disk is slow
         self.worker = worker
         self.ledger = tmp / f"ledger-{worker}.txt"
         self.log = open(tmp / f"rollout-{worker}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests._chaos_rollout", str(self.ledger), uri, str(spool),
-             str(worker), str(RATE)],
+             str(worker), str(RATE), str(slow)],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=Path(__file__).resolve().parent.parent,
         )  # fmt: skip
@@ -111,8 +120,10 @@ class Disk:
         if mount.returncode != 0:
             pytest.skip(f"the chaos test needs a tmpfs for the spool: {mount.stderr.strip()}")
         self.filler = path / "filler"
+        self.full = False
 
     def fill(self) -> None:
+        self.full = True
         with open(self.filler, "ab", buffering=0) as f, contextlib.suppress(OSError):
             while True:
                 f.write(b"x" * 65536)
@@ -121,6 +132,7 @@ class Disk:
                 f.write(b"x")
 
     def free(self) -> None:
+        self.full = False
         with contextlib.suppress(FileNotFoundError):
             self.filler.unlink()
 
@@ -138,8 +150,9 @@ def schedule(seed: int) -> list[tuple[float, str]]:
         server_kills = sorted(rng.uniform(5, span) for _ in range(3))
         if any(b - a < 6 for a, b in itertools.pairwise(server_kills)):
             server_kills = []
-    for t in server_kills:
-        events += [(t, "server_kill"), (t + rng.uniform(2, 4), "server_start")]
+    starts = [t + rng.uniform(2, 4) for t in server_kills]
+    for t, up in zip(server_kills, starts, strict=True):
+        events += [(t, "server_kill"), (up, "server_start")]
     # the first disk fill starts while the server is down: memory is the batches' only home
     fills = [server_kills[0] + 0.5, rng.uniform(10, span)]
     for t in fills:
@@ -159,6 +172,13 @@ def schedule(seed: int) -> list[tuple[float, str]]:
     else:
         raise AssertionError(f"CHAOS_SECONDS={SECONDS} leaves no room for the server's hang")
     events += [(hang, "server_stop"), (hang + length, "server_cont")]
+    # the replay's source dies while the server is down (its spool then holds batches; if it
+    # holds none, later, when it does), and its spool is replayed once the server is back; they
+    # use no draw: the rest stays put
+    events += [(server_kills[0] + 1, "source_kill"), (starts[0] + 1, "replay_kill")]
+    for low, high in ((5, span / 2 - 5), (span / 2 + 5, span)):  # two, apart
+        slow = rng.uniform(low, high)
+        events += [(slow, "disk_slow"), (slow + rng.uniform(5, 10), "disk_fast")]
     return sorted(events)
 
 
@@ -186,6 +206,12 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
     disk = Disk(tmp_path / "spooldisk")
     spool = disk.path / "spool"
     rollouts: list[Rollout] = []
+    slow = tmp_path / "slow-disk"
+    # the replay-kill fault's source: its spool is its own (no live tracer replays it) and on
+    # the test's disk (it dies while the tmpfs may be full: what it kept in memory would go)
+    source_spool = tmp_path / "source-spool"
+    replays = ReplayKill(tmp_path, source_spool, slow)
+    source = Rollout(0, tmp_path, url, source_spool)
     try:
         rollouts = [Rollout(w, tmp_path, url, spool) for w in (1, 2)]
         start = time.monotonic()
@@ -193,17 +219,31 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
         rng = random.Random(seed)  # which export child a child_kill takes
         child_kills = 0
         hung: MlflowServer | None = None
-        freed_at = 0.0
-        while events or time.monotonic() - start < SECONDS:
-            live = {r.proc.pid for r in rollouts if r.proc.poll() is None}
-            for r in rollouts:  # remember every export child, to check none is orphaned
+        # when the disk was last freed and fast since: what a fill left in memory goes back to
+        # disk one batch file at a time, at the disk's speed (None: freed while slow, waiting)
+        freed_at: float | None = 0.0
+        while events or replays.running or time.monotonic() - start < SECONDS:
+            said = replays.poll()
+            if said == "replay_kill failed" and time.monotonic() - start < SECONDS + 20:
+                events = sorted([*events, (time.monotonic() - start + 1, "replay_kill")])
+            if said:
+                print(f"{time.monotonic() - start:6.1f} s  {said}", flush=True)
+            live = {r.proc.pid for r in [*rollouts, source] if r.proc.poll() is None}
+            for r in [*rollouts, source]:  # remember every export child, to check none is orphaned
                 r.children |= children_of({r.proc.pid}) if r.proc.pid in live else set()
             due = events and time.monotonic() - start >= events[0][0]
-            if due and events[0][1] == "rollout_kill" and time.monotonic() - freed_at < 3:
-                due = False  # a restart ran late: give the freed disk its seconds first
+            # a process kill waits while the disk is full (a restart ran late) and until the
+            # freed disk has been fast for 3 s: what waited in memory is on disk by then; and
+            # not just before a fill (its replacement would start on a full disk)
+            now = time.monotonic() - start
+            held = disk.full or freed_at is None or now - (freed_at - start) < 3 or any(
+                e == "disk_fill" and t - now < GRACE_S + 1 for t, e in events)  # fmt: skip
+            if due and events[0][1] == "rollout_kill" and held:
+                events = sorted([*events[1:], (time.monotonic() - start + 0.5, "rollout_kill")])
+                continue
             if due:
                 planned, event = events.pop(0)
-                if event != "child_kill":  # said once it is done (it may wait for a child)
+                if event not in ("child_kill", "replay_kill", "source_kill"):  # once done
                     print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
                 if event == "server_kill" and server is not None:
                     server.stop(kill=True)
@@ -214,7 +254,27 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                     disk.fill()
                 elif event == "disk_free":
                     disk.free()
-                    freed_at = time.monotonic()
+                    freed_at = None if slow.exists() else time.monotonic()
+                elif event == "disk_slow":
+                    slow.touch()
+                    if freed_at is not None and time.monotonic() - freed_at < 3:
+                        freed_at = None  # its backlog is not on disk yet
+                elif event == "disk_fast":
+                    slow.unlink(missing_ok=True)
+                    if freed_at is None:
+                        freed_at = time.monotonic()
+                elif event == "source_kill" and source.proc.poll() is not None:
+                    raise AssertionError(f"the replay's source ended: {source.log.name}")
+                elif event == "source_kill" and not any(source_spool.glob("*/*.jsonl")):
+                    # still starting, or everything exported: a moment with batches on disk
+                    events = sorted([*events, (time.monotonic() - start + 0.2, event)])
+                elif event == "source_kill":
+                    source.kill()
+                    print(f"{time.monotonic() - start:6.1f} s  {event}", flush=True)
+                elif event == "replay_kill" and source.killed_at is None:
+                    events = sorted([*events, (time.monotonic() - start + 0.5, event)])
+                elif event == "replay_kill" and not replays.running:
+                    replays.start("kill")
                 elif event == "rollout_kill":
                     victim = next(r for r in rollouts if r.proc.poll() is None)
                     victim.kill()
@@ -242,6 +302,7 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                 continue
             time.sleep(0.1)
         disk.free()
+        slow.unlink(missing_ok=True)
         if hung is not None:
             os.killpg(hung.proc.pid, signal.SIGCONT)
             hung = None
@@ -250,6 +311,9 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
         assert child_kills >= 1, "no export child was there to kill"
         if server is None:
             server = start_mlflow_server(root, port)
+        assert replays.kills >= 1, "no replay was killed in its call"
+        replays.finish()  # replay again until the source's spool is empty
+        assert replays.done, "the replays after the kill never stored what was left"
         deadline = time.monotonic() + 120  # a replacement still starting: Ctrl-C after init
         while any(r.proc.poll() is None and not r.finished() for r in rollouts):
             assert time.monotonic() < deadline, "a rollout process never finished a trajectory"
@@ -272,7 +336,7 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
         twice = {k: n for k, n in stored.items() if n > 1}
         assert not twice, f"stored more than once: {list(twice.items())[:10]}"
         problems = []
-        for r in rollouts:
+        for r in [*rollouts, source]:
             done = r.finished()
             missing = [(s, i, t) for s, i, t in done if (s, i) not in stored]
             if r.killed_at is None:
@@ -281,32 +345,46 @@ def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) ->
                 m = final["metrics"]
                 dropped = m.get("tracer/mlflow/dropped", 0)
                 if len(missing) != dropped:
-                    problems.append(f"rollout {r.worker} (Ctrl-C): {len(missing)} of {len(done)} "
-                                    f"missing, {dropped} counted dropped: {missing[:5]}")
+                    problems.append(
+                        f"rollout {r.worker} (Ctrl-C): {len(missing)} of {len(done)} "
+                        f"missing, {dropped} counted dropped: {missing[:5]}"
+                    )
             else:
                 late = [x for x in missing if x[2] < r.killed_at - GRACE_S]
                 if late:
-                    problems.append(f"rollout {r.worker} (SIGKILL): {len(late)} of {len(done)} "
-                                    f"finished > {GRACE_S} s before the kill are missing: "
-                                    f"{late[:5]}")
+                    problems.append(
+                        f"rollout {r.worker} (SIGKILL): {len(late)} of {len(done)} "
+                        f"finished > {GRACE_S} s before the kill are missing: "
+                        f"{late[:5]}"
+                    )
         assert not problems, "\n".join(problems)
-        finished = sum(len(r.finished()) for r in rollouts)
-        in_grace = sum(1 for r in rollouts for s, i, _ in r.finished() if (s, i) not in stored)
-        print(f"chaos seed {seed}: {finished} finished in {len(rollouts)} processes "
-              f"({sum(r.killed_at is not None for r in rollouts)} SIGKILLed, {child_kills} "
-              f"export children SIGKILLed), {len(stored)} "
-              f"stored once, {in_grace} missing, each within {GRACE_S} s of its process's kill")
+        everyone = [*rollouts, source]
+        finished = sum(len(r.finished()) for r in everyone)
+        in_grace = sum(1 for r in everyone for s, i, _ in r.finished() if (s, i) not in stored)
+        sent = replays.summary()
+        print(
+            f"chaos seed {seed}: {finished} finished in {len(everyone)} processes "
+            f"({sum(r.killed_at is not None for r in everyone)} SIGKILLed, {child_kills} "
+            f"export children SIGKILLed), {len(stored)} "
+            f"stored once, {in_grace} missing, each within {GRACE_S} s of its process's kill; "
+            f"{sent['kills']} replay SIGKILLed in its call: {sent['duplicates']} trajectories "
+            f"sent twice by the replays, {sent['in_doubt']} reported in doubt, "
+            f"{sent['silent']} silent duplicates"
+        )
+        assert sent["silent"] == 0, f"sent twice without a word: {sent}"
+        assert sent["duplicates"] >= 1, f"the killed replay's batch was never sent again: {sent}"
         # it really ran: every process that lived past its start traced, through the faults
         assert all(r.finished() for r in rollouts if r.killed_at is None)
         assert sum(len(r.finished()) for r in rollouts) > RATE  # (63 at a load average of 10)
         deadline = time.monotonic() + 10
-        orphans = {pid for r in rollouts for pid in r.children if alive(pid)}
+        orphans = {pid for r in everyone for pid in r.children if alive(pid)}
         while orphans and time.monotonic() < deadline:
             time.sleep(0.1)
             orphans = {pid for pid in orphans if alive(pid)}
         assert not orphans, f"export children outlived their rollout process: {orphans}"
     finally:
-        for r in rollouts:
+        replays.close()
+        for r in [*rollouts, source]:
             if r.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(r.proc.pid, signal.SIGKILL)

@@ -658,7 +658,7 @@ def test_no_export_call_starts_after_the_shutdown_deadline(
     began = time.monotonic()
     tracer.reset()
     # 0.1 s: a call whose last check came just before the deadline records its start after it
-    late = [round(t - began, 2) for t in CALLS if t > slow.close_at + 0.1]
+    late = [round(t - began, 2) for t in CALLS if t > slow.window.close_at + 0.1]
     assert not late, f"export calls began {late} s into a shutdown of 2 s"
     assert "stuck in an export call" not in caplog.text
     assert "were not exported before shutdown; they are kept in" in caplog.text

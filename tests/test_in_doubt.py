@@ -192,8 +192,8 @@ def test_the_first_probe_after_a_retried_call_is_held_back_near_the_deadline(
     wait_for(lambda: worker.retries >= 1, "the retry")  # the second attempt begins now
     pipeline = tracer.get_tracer().pipeline
     tracer.reset()
-    late = [round(end - worker.close_at, 2) for _, end in SlowFailing.calls
-            if end > worker.close_at]  # fmt: skip
+    late = [round(end - worker.window.close_at, 2) for _, end in SlowFailing.calls
+            if end > worker.window.close_at]  # fmt: skip
     assert not late, f"export calls ended {late} s after shutdown's deadline"
     assert pipeline.metrics()["tracer/slow_failing/in_doubt"] == 0
     [batch] = batch_files(tmp_path / "spool")

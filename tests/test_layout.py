@@ -192,10 +192,6 @@ OVER_400 = {
     "one cache: every method is a query on the same attached runs; over by a few lines",
     "tracer/readers/explore/server.py": "the explorer's HTTP routes and the handler that serves "
     "them; the routes already call store.py and the views: over by a few lines",
-    "tracer/export_worker.py": "the export thread's calls; over by ~10 lines since the write-ahead "
-    "in-doubt mark (#56), not split yet",
-    "tracer/spool.py": "the spool's files; over by ~8 lines since the in-doubt mark became part of "
-    "the file name (#56), not split yet",
 }
 LIMIT = 400
 

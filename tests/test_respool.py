@@ -17,6 +17,7 @@ import tracer.spool as spool_mod
 from tests._disks import full_disk
 from tests.test_faults import _faults, base_config, stored_keys, trace  # noqa: F401
 from tracer.spool import batch_size
+from tracer.spool_folders import spool_folders
 
 pytest.importorskip("mlflow")
 import tests.test_faults as faults
@@ -61,6 +62,9 @@ def test_batches_the_full_disk_refused_are_spooled_when_space_returns(
         free_space()  # the backend is still down: only the spool can take them now
         wait_for(lambda: spooled(spool) == 20, "the 20 trajectories in the spool", 5.0)
         wait_for(lambda: tracer.metrics()["tracer/durability_lag_s"] == 0, "lag 0", 5.0)
+        # the folder's destination.json, refused at init, came with them: without it
+        # `rollout-tracer replay` does not see the folder (issue 56's chaos soak found it)
+        assert [meta["backend"] for _, meta in spool_folders(str(spool))] == ["flaky"]
         # shut down with the backend down: they stay on disk, none lost
         m = shut_down(1.0)
         assert m["tracer/flaky/dropped"] == 0, m

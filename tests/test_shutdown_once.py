@@ -180,7 +180,8 @@ def test_a_slowly_failing_backend_gets_no_call_after_the_deadline_and_each_traje
     pipeline = tracer.get_tracer().pipeline
     worker = pipeline.workers[0]
     tracer.reset()
-    late = [round(t - worker.close_at, 2) for t, _, _ in SCRIPT.calls if t > worker.close_at]
+    close_at = worker.window.close_at
+    late = [round(t - close_at, 2) for t, _, _ in SCRIPT.calls if t > close_at]
     assert not late, f"export calls began {late} s after shutdown's deadline"
     [batch] = spooled(tmp_path / "spool")  # in the spool once, and not stored
     assert batch_size(batch) == 5 and not any(SCRIPT.sent().values())

@@ -9,8 +9,9 @@ while someone waits in ``flush``. When a probe works, everything waiting is expo
 before is sent with ``replay=True`` so the backend checks before adding.
 
 Shutdown has a deadline (``closing``). From then on no call begins that could not end by it
-(a call, retry or probe as long as the longest attempt that failed in this outage, or as the
-last call that worked; any call at all after it), the wait between retries ends at ``stop()``,
+(``tracer.call_window``: a call, retry or probe as long as the longest attempt that failed in
+this outage, or as the last call that worked; any call at all after it), the wait between
+retries ends at ``stop()``,
 and a batch is either stored (its spool file gone) or in the spool (not stored). The one case
 left open is a call already running at the deadline: its batch stays in the spool marked in
 doubt (``tracer.batch``); a backend that deduplicates by trace id adds nothing when it is
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 from tracer.backends.base import Exporter, ExportResult
 from tracer.batch import Batch, Owner
 from tracer.batch_queue import RESPOOL_INTERVAL_S, BatchQueue
+from tracer.call_window import CallWindow
 from tracer.errors import InternalErrors
 from tracer.outage import OutageLog
 from tracer.record import TrajectoryRecord
@@ -48,7 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tracer")
 
 ORPHAN_SCAN_INTERVAL_S = 30.0
-FLUSH_PROBE_INTERVAL_S = 0.25  # how often a down backend is probed while flush() waits
 
 
 class ExportWorker(BatchQueue):
@@ -73,14 +74,8 @@ class ExportWorker(BatchQueue):
         self.deduplicates = bool(getattr(exporter, "deduplicates", True))
         self._calling = threading.Lock()  # one exporter call at a time: the thread's or put()'s
         self.errors = errors
-        self.down = False
-        self.next_probe = 0.0
-        self.flush_until = 0.0  # while a flush waits, probe a down backend more often
-        self.close_at = 0.0  # shutdown's deadline once it began: no export call outlasts it
+        self.window = CallWindow(config.replay_interval_s)  # when a call may begin (cond)
         self.retry_wait_since = 0.0  # monotonic start of the wait before a retry, or 0
-        self.last_probe = 0.0
-        self.failed_call_s = 0.0  # the longest failed attempt of this outage
-        self.last_call_s = 0.0  # the longest attempt of the last call that worked
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -133,7 +128,7 @@ class ExportWorker(BatchQueue):
             return None
         try:
             with self.cond:
-                if self.todo or self.down or not self._may_call(0.0):
+                if self.todo or self.window.down or not self._may_call(0.0):
                     return None
             result, _attempts, _stopped, _took = self._export(records, lines, 0, False)
             if result is ExportResult.FAILURE:
@@ -164,7 +159,7 @@ class ExportWorker(BatchQueue):
         and not when it could not end by shutdown's deadline (caller holds ``cond``)."""
         if self.stopping or self.abandoned:
             return False
-        return not self.close_at or time.monotonic() + takes_s < self.close_at
+        return self.window.fits(takes_s, time.monotonic())
 
     def _next_batch(self) -> Batch | bool:
         """Wait for a batch to export now (still the line's). False when stopped; True when
@@ -183,20 +178,7 @@ class ExportWorker(BatchQueue):
                     self.cond.wait(RESPOOL_INTERVAL_S)
                     continue
                 if self.todo and self.todo[0].waiting:
-                    takes = self.call_s()
-                    probe_at = now
-                    if self.down:
-                        probe_at = self.next_probe
-                        if self.flush_until > now:
-                            probe_at = min(probe_at, self.last_probe + FLUSH_PROBE_INTERVAL_S)
-                            if now + takes > self.flush_until:
-                                # a probe now could outlast the flush; a shutdown may follow it
-                                probe_at = max(probe_at, self.flush_until + 1.0)
-                    if not self._may_call(takes):
-                        # shutdown began: a call or probe that cannot end by its deadline
-                        # would be left running, exporting after shutdown() said the batches
-                        # wait in the spool; also after the flush ended, until stop() comes
-                        probe_at = float("inf")
+                    probe_at = self.window.next_call_at(now)  # a probe, while it is down
                     if now >= probe_at:
                         break
                     self.cond.wait(min(probe_at - now, self.config.replay_interval_s,
@@ -208,11 +190,6 @@ class ExportWorker(BatchQueue):
                         return True  # time for an orphan scan
             self.inflight_since = time.monotonic()
             return self.todo[0]
-
-    def call_s(self) -> float:
-        """How long the next call may take: the longest attempt that failed in this outage,
-        or the longest of the last call that worked (caller holds ``cond``)."""
-        return max(self.failed_call_s, self.last_call_s)
 
     def _step(self) -> bool:
         """One iteration: wait for work, export the oldest batch. False when stopped."""
@@ -242,7 +219,7 @@ class ExportWorker(BatchQueue):
                 record.materialize()
         with self.file_lock:
             with self.cond:
-                if not batch.waiting or not self._may_call(self.call_s()):
+                if not batch.waiting or not self._may_call(self.window.call_s()):
                     # shutdown came (or its deadline is too near) while the batch was read:
                     # it stays where it is, untouched (no call was made)
                     self.inflight_since = 0.0
@@ -253,7 +230,7 @@ class ExportWorker(BatchQueue):
                 self._mark(batch, path)
         replay = batch.attempted or not batch.own
         batch.attempted = True
-        retried = self.down or (replay and not batch.first_try)
+        retried = self.window.down or (replay and not batch.first_try)
         retries = 0 if retried else self.config.export_max_retries
         batch.first_try = False
         with self._calling:
@@ -275,7 +252,7 @@ class ExportWorker(BatchQueue):
             elif not batch.in_doubt:
                 path = self.spool.unmark(path)
         with self.cond:
-            self.last_probe = time.monotonic()
+            self.window.last_probe = time.monotonic()
             self.inflight_since = 0.0
             if result is not ExportResult.FAILURE:
                 batch.move(Owner.DONE)
@@ -292,19 +269,11 @@ class ExportWorker(BatchQueue):
                     # shutdown ended the retries (or aborted the call), not the backend
                     self.outage.stopped_at_shutdown(attempts)
                     return
-                # every attempt counts, a probe's or a retried call's; the longest, not the
-                # last: OTel's call ends at once or after a backoff inside it, by its jitter
-                self.failed_call_s = max(self.failed_call_s, longest)
-                if not self.down:
+                if self.window.failed(longest, self.window.last_probe):
                     self.outage.went_down(attempts, self.spool.dir if self.spool else None)
-                self.down = True
-                self.next_probe = self.last_probe + self.config.replay_interval_s
                 return
-            if self.down:
+            if self.window.worked(longest):
                 self.outage.came_back(self.todo)
-            self.down = False
-            self.failed_call_s = 0.0
-            self.last_call_s = longest
             self._settle(batch)
             if result is ExportResult.REJECTED:
                 self._drop(batch, "rejected_by_backend")
@@ -364,7 +333,7 @@ class ExportWorker(BatchQueue):
         """Wait until every own batch up to ``seq`` is settled, probing a down backend often
         until ``deadline``. True when none is left waiting."""
         with self.cond:
-            self.flush_until = max(self.flush_until, deadline)
+            self.window.flush_until = max(self.window.flush_until, deadline)
             self.cond.notify_all()
             while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
                 left = deadline - time.monotonic()
@@ -378,7 +347,7 @@ class ExportWorker(BatchQueue):
         that could not end by then (a probe or a retry as long as the last failed call), and
         after it no export call starts at all."""
         with self.cond:
-            self.close_at = deadline
+            self.window.close_at = deadline
             self.cond.notify_all()
 
     def _dead(self) -> bool:
@@ -404,7 +373,7 @@ class ExportWorker(BatchQueue):
         with self.cond:
             inflight = time.monotonic() - self.inflight_since if self.inflight_since else 0.0
             m = self.counters(prefix)
-            m[f"{prefix}down"] = int(self.down)
+            m[f"{prefix}down"] = int(self.window.down)
             m[f"{prefix}worker_alive"] = int(not self._dead())
             m[f"{prefix}export_inflight_s"] = round(inflight, 3)
             return m

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from tracer.errors import log_every
-from tracer.spool import strip_credentials
+from tracer.spool_folders import strip_credentials
 
 log = logging.getLogger("tracer")
 
@@ -93,12 +93,13 @@ class OutageLog:
         self.last_error = None
 
     def replayed_in_doubt(self, n: int) -> None:
-        """A batch an earlier run's export call still had at its shutdown deadline was
-        replayed to a backend that does not deduplicate by trace id."""
+        """A batch marked in doubt (an export call of unknown outcome had it: one running at
+        a shutdown's deadline, or in a process killed during it) was replayed to a backend
+        that does not deduplicate by trace id."""
         log.warning("rollout-tracer: %d trajectories replayed to %s were in doubt (an export "
-                    "call still had them when an earlier run shut down); %s does not "
-                    "deduplicate by trace id, so they may be stored twice", n, self.label,
-                    self.name)  # fmt: skip
+                    "call of unknown outcome had them: at an earlier run's shutdown deadline, "
+                    "or in a process killed during it); %s does not deduplicate by trace id, "
+                    "so they may be stored twice", n, self.label, self.name)  # fmt: skip
 
     def came_back(self, waiting: list[Any]) -> None:
         self.backlog = {id(b) for b in waiting}

@@ -38,7 +38,8 @@ from tracer.keep import KeepRules
 from tracer.live.steps import LiveSteps
 from tracer.processing import Processing
 from tracer.redact import Redactor
-from tracer.spool import BackendSpool, default_spool_dir
+from tracer.spool import BackendSpool
+from tracer.spool_folders import default_spool_dir
 from tracer.worker_shutdown import stop_workers
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ from tracer.backends import create_exporter
 from tracer.backends.base import ExportResult, as_exporter
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
-from tracer.spool import BackendSpool, is_in_doubt, read_batch, spool_folders, strip_credentials
+from tracer.spool import BackendSpool, is_in_doubt, read_batch
+from tracer.spool_folders import spool_folders, strip_credentials
 
 log = logging.getLogger("tracer")
 

@@ -16,10 +16,7 @@ exports from memory.
 
 Layout: ``<spool_dir>/<backend>-<destination hash>/`` holds
 - ``destination.json``: what ``rollout-tracer replay`` needs to rebuild the exporter and find
-  the store, chosen by an allowlist (tracer/credentials.py): the backend name, the store's
-  scheme, host, port and path, the config fields an exporter reads (names, paths, timeouts;
-  URIs reduced the same way), and the names, never the values, of the environment variables
-  replay reads credentials from;
+  the store, credentials stripped (``tracer.spool_folders``);
 - one ``<owner>.owner`` lock file per live spool writer; ``owner`` is
   ``<host>_<pid>_<random>``, so a restarted container with the same PID, a second ``init`` in
   one process, and another host on a shared (NFS) folder are all different owners;
@@ -44,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -56,15 +52,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tracer.credentials import REPLAY_ENV, store_address
 from tracer.record import TrajectoryRecord, read_jsonl, write_lines
+from tracer.spool_folders import DESTINATION_FILE, destination_payload, spool_folder
 
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; a live writer's files look orphaned
     fcntl = None  # type: ignore[assignment]
 
-DESTINATION_FILE = "destination.json"
 _NAME = re.compile(r"^(\d+)_(.+)_(\d+)_(\d+)(\.in-doubt)?\.jsonl$")
 DOUBT = ".in-doubt"  # before ".jsonl" in the name of a batch that may be stored already
 # Owners alive in this process: flock is per open file, but on NFS Linux emulates it with
@@ -75,10 +70,6 @@ _live_lock_fds: set[int] = set()
 
 class SpoolError(OSError):
     """A batch could not be written to the spool (disk full, read-only, permissions...)."""
-
-
-def default_spool_dir() -> str:
-    return os.path.join(os.getcwd(), ".rollout-tracer", "spool")
 
 
 def _host() -> str:
@@ -117,20 +108,18 @@ class BackendSpool:
         self.owner = f"{_host()}_{os.getpid()}_{secrets.token_hex(4)}"
         self._lock_fd: int | None = None
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._write_destination(backend, destination, config)
+        self._about = (backend, destination, config)
+        self._described = self._write_destination()
         self._take_ownership()
         self.used = 0  # bytes of this owner's batches (adopted orphans included)
 
-    def _write_destination(self, backend: str, destination: str, config: Any) -> None:
+    def _write_destination(self) -> bool:
+        """The folder's destination.json, unless it has one. False when the disk refused it:
+        the next batch file written tries again (without it, replay cannot see the folder)."""
         meta = self.dir / DESTINATION_FILE
         if meta.exists():
-            return
-        payload = {
-            "backend": backend,
-            "destination": strip_credentials(destination),
-            "config": _config_dict(config),
-            "credentials_from_environment": list(REPLAY_ENV.get(backend, ())),
-        }
+            return True
+        payload = destination_payload(*self._about)
         tmp = self.dir / f".{DESTINATION_FILE}.{self.owner}.tmp"
         try:
             _write_new(tmp, (), prefix=json.dumps(payload, indent=1, default=str).encode())
@@ -138,6 +127,8 @@ class BackendSpool:
         except OSError:
             # Replay needs it, export does not: a full disk must not stop the tracer here.
             _unlink(tmp)
+            return False
+        return True
 
     def _take_ownership(self) -> None:
         _live_owners.add(self.owner)
@@ -194,6 +185,8 @@ class BackendSpool:
             with self._lock:
                 self.used = max(0, self.used - size)
             raise SpoolError(exc.errno or errno.EIO, f"spool write failed: {exc}") from exc
+        if not self._described:  # made on a full disk: the disk takes files again
+            self._described = self._write_destination()
         return path
 
     def delete(self, path: Path) -> None:
@@ -292,12 +285,6 @@ class BackendSpool:
         return new
 
 
-def spool_folder(root: str, backend: str, destination: str) -> Path:
-    """The folder of one backend destination (its name never contains credentials)."""
-    digest = hashlib.sha1(f"{backend}|{destination}".encode()).hexdigest()[:12]
-    return Path(root) / f"{backend}-{digest}"
-
-
 def batch_sort_key(path: Path) -> tuple[int, str]:
     m = _NAME.match(path.name)
     return (int(m.group(1)), path.name) if m else (int(_mtime(path) * 1e9), path.name)
@@ -329,46 +316,6 @@ def batch_size(path: Path) -> int:
 def read_batch(path: Path) -> list[TrajectoryRecord]:
     """One spool batch (a torn line from a crash mid-write is skipped, the rest kept)."""
     return list(read_jsonl(path))
-
-
-def spool_folders(root: str) -> list[tuple[Path, dict[str, Any]]]:
-    """Every backend folder under a spool root with its destination.json."""
-    out: list[tuple[Path, dict[str, Any]]] = []
-    base = Path(root)
-    if not base.is_dir():
-        return out
-    for d in sorted(base.iterdir()):
-        meta = d / DESTINATION_FILE
-        if d.is_dir() and meta.exists():
-            out.append((d, json.loads(meta.read_text())))
-    return out
-
-
-def strip_credentials(destination: str) -> str:
-    """A backend's destination (its spool key) as it may be written down: the store's scheme,
-    host, port and path. What follows ``|`` in a key (OTLP routing headers) is dropped."""
-    return store_address(destination.split("|", 1)[0])
-
-
-# The config fields replay hands back to an exporter (everything an exporter reads). Anything
-# else (run_salt, redaction patterns, header values, callables) is never written.
-_REPLAY_FIELDS = ("project_name", "experiment_name", "worker_id", "weave_entity",
-                  "mlflow_run_id", "jsonl_path", "export_timeout_s", "export_batch_size",
-                  "export_max_retries", "max_spool_bytes")  # fmt: skip
-_ADDRESS_FIELDS = ("tracking_uri", "otlp_endpoint")
-
-
-def _config_dict(config: Any) -> dict[str, Any]:
-    """The allowlisted fields of the trace config; store URIs as scheme, host, port and path."""
-    out: dict[str, Any] = {}
-    for name in _REPLAY_FIELDS:
-        value = getattr(config, name, None)
-        if value is None or isinstance(value, (str, int, float)):
-            out[name] = value
-    for name in _ADDRESS_FIELDS:
-        value = getattr(config, name, None)
-        out[name] = store_address(value) if isinstance(value, str) else None
-    return out
 
 
 def _write_new(path: Path, lines: Sequence[bytes], prefix: bytes = b"") -> None:

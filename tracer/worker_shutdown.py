@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tracer.errors import InternalErrors, say_at_shutdown
-from tracer.spool import strip_credentials
+from tracer.spool_folders import strip_credentials
 
 if TYPE_CHECKING:
     from tracer.batch_queue import Left
