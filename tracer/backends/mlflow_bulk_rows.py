@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from tracer.backends.mlflow_bulk_attrs import stored_attributes
 from tracer.backends.otel_spans import encode_all_json, span_attributes
 from tracer.record import TrajectoryRecord
 
@@ -114,22 +115,24 @@ class RowBuilder:
         keys = m.SpanAttributeKey
         trace_id = self.trace_id_of(record.trace_id)
         trace_b64 = _b64(int(record.trace_id, 16), 16)
-        request_id = encode_all_json(REQUEST_ID_KEY, trace_id)
         spans: list[dict[str, Any]] = []
         usage_nodes, cost_nodes = [], []
         root: dict[str, Any] | None = None
         root_status: str | None = None
         session_id = user_id = None
         for i, span in enumerate(record.spans):
-            plain = span_attributes(record, span, i == 0)
-            attrs = {REQUEST_ID_KEY: request_id}
-            attrs.update({k: encode_all_json(k, v) for k, v in plain.items()})
+            plain = {REQUEST_ID_KEY: trace_id, **span_attributes(record, span, i == 0)}
             span_id = f"{int(span.span_id, 16):016x}"
             parent_id = f"{int(span.parent_id, 16):016x}" if span.parent_id else None
             status = "ERROR" if span.status == "ERROR" else "OK"
-            translated = m.translate_span_when_storing(
-                _SpanDict(_span_dict(record, span, trace_b64, parent_id, status, attrs))
-            )
+            attrs = stored_attributes(plain)
+            if attrs is None:  # attributes MLflow's translators read: they decide
+                attrs = {k: encode_all_json(k, v) for k, v in plain.items()}
+                translated = m.translate_span_when_storing(
+                    _SpanDict(_span_dict(record, span, trace_b64, parent_id, status, attrs))
+                )
+            else:
+                translated = _span_dict(record, span, trace_b64, parent_id, status, attrs)
             a = translated.get("attributes", {})
             usage_nodes.append(m._span_aggregation_node(span_id, parent_id, a, keys.CHAT_USAGE))
             cost_nodes.append(m._span_aggregation_node(span_id, parent_id, a, keys.LLM_COST))
@@ -145,7 +148,7 @@ class RowBuilder:
                     cost = json.loads(raw_cost)
                 except (TypeError, ValueError):
                     cost = {}
-            span_type = attrs.get(keys.SPAN_TYPE)
+            span_type = plain.get(keys.SPAN_TYPE)
             spans.append(
                 {
                     "trace_id": trace_id,
@@ -153,7 +156,9 @@ class RowBuilder:
                     "span_id": span_id,
                     "parent_span_id": parent_id,
                     "name": span.name,
-                    "type": _json_value(span_type) if span_type is not None else None,
+                    "type": _json_value(encode_all_json("", span_type))
+                    if span_type is not None
+                    else None,
                     "status": status,
                     "start_time_unix_nano": span.start_ns,
                     "end_time_unix_nano": span.end_ns,
