@@ -151,9 +151,7 @@ class RowBuilder:
                     "span_id": span_id,
                     "parent_span_id": parent_id,
                     "name": span.name,
-                    "type": _json_value(encode_all_json("", span_type))
-                    if span_type is not None
-                    else None,
+                    "type": _span_type(span_type),
                     "status": status,
                     "start_time_unix_nano": span.start_ns,
                     "end_time_unix_nano": span.end_ns,
@@ -308,6 +306,14 @@ def _span_dict(
 
 def _b64(value: int, length: int) -> str:
     return base64.b64encode(value.to_bytes(length, "big")).decode()
+
+
+def _span_type(value: Any) -> Any:
+    """The ``type`` column: the span type attribute's value read back from its JSON (a
+    string, the usual case, is itself)."""
+    if value is None or isinstance(value, str):
+        return value
+    return _json_value(encode_all_json("", value))
 
 
 def _json_value(raw: Any) -> Any:
