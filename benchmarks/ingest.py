@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--writer":
         uri, project, n, worker, seconds = argv[1:6]
-        rate = float(argv[6]) if len(argv) > 6 else 0.0
+        extra = argv[6:-1]  # the last one is run_writers' tag
+        rate = float(extra[0]) if extra else 0.0
         print(json.dumps(writer(uri, project, int(n), worker, float(seconds), rate)), flush=True)
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__,
