@@ -19,6 +19,12 @@ export child), the server (its process tree), PostgreSQL (the postmaster's tree:
 and the ones that ended). ``--pin`` runs the writers on CPU 0 and PostgreSQL on CPU 1
 (``taskset``). ``fault`` runs 8 writers for ``--sustain`` seconds and restarts PostgreSQL
 (``pg_ctl restart -m fast``) half-way: every trace must still be stored, once.
+
+``--rate R`` holds the sustained run at R traces/s offered, all writers together (each writer
+makes its share on a fixed schedule: trajectory i at i / rate seconds from its start). The run
+says whether the rate was held (``made_per_s`` against ``offered_per_s``) and how long after
+the last trace was made the last one was durable (``drain_s``): "sustained" then means a held
+rate, not a backlog drained at the end.
 """
 
 from __future__ import annotations
@@ -72,8 +78,10 @@ def trace_one(i: int, ids: list[int]) -> None:
         reward("84")
 
 
-def writer(uri: str, project: str, n: int, worker: str, seconds: float) -> dict[str, Any]:
-    """One writer process: ``n`` trajectories (or as many as ``seconds`` allow), then flush."""
+def writer(uri: str, project: str, n: int, worker: str, seconds: float,
+           rate: float = 0.0) -> dict[str, Any]:  # fmt: skip
+    """One writer process: ``n`` trajectories (or as many as ``seconds`` allow), then flush.
+    ``rate``: this writer's trajectories a second (0: as fast as it can)."""
     import os
 
     tracer.init({"backend": "mlflow", "tracking_uri": uri, "project_name": project,
@@ -87,6 +95,8 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float) -> dict[
     t0 = time.time()
     i = 0
     while (i < n) if seconds <= 0 else (time.time() - t0 < seconds):
+        if rate > 0 and (wait := t0 + i / rate - time.time()) > 0:
+            time.sleep(wait)  # the schedule: trajectory i at t0 + i / rate, late ones at once
         trace_one(i, ids)
         i += 1
     made = time.time()
@@ -100,12 +110,13 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float) -> dict[
 
 
 def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
-            pin: str | None = None, pg_pid: int | None = None, server_pid: int | None = None,
-            during: Any = None) -> dict[str, Any]:  # fmt: skip
+            rate: float = 0, pin: str | None = None, pg_pid: int | None = None,
+            server_pid: int | None = None, during: Any = None) -> dict[str, Any]:  # fmt: skip
     """``count`` writers at once; traces/s over the whole wall time, CPU by side, checked."""
     before = {"pg": tree_cpu_s(pg_pid) if pg_pid else 0.0,
               "server": tree_cpu_s(server_pid) if server_pid else 0.0}  # fmt: skip
-    args = [[uri, project, str(n), f"w{i}", str(seconds)] for i in range(count)]
+    args = [[uri, project, str(n), f"w{i}", str(seconds), str(rate / count)]
+            for i in range(count)]  # fmt: skip
     timer = threading.Timer(0, during) if during else None
     if timer:
         timer.start()
@@ -114,6 +125,9 @@ def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
     finally:
         if timer:
             timer.cancel()
+    # read before the check below: MLflow's client reading every trace back is not ingest
+    after = {"pg": tree_cpu_s(pg_pid) if pg_pid else 0.0,
+             "server": tree_cpu_s(server_pid) if server_pid else 0.0}  # fmt: skip
     total = sum(r["n"] for r in results)
     start = min(r["start"] for r in results)
     wall = max(r["durable"] for r in results) - start
@@ -122,16 +136,19 @@ def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
     out = {"writers": count, "total": total, "stored": count_traces(uri, project),
            "traces_per_s": round(total / wall, 1), "wall_s": round(wall, 1),
            "rollout_traj_per_s": round(total / made, 1),
+           "drain_s": round(wall - made, 1),
            "flush_ok": all(r["flush_ok"] for r in results),
            "dropped": sum(r["dropped"] for r in results),
            "writer_cpu_s_per_1k": round(sum(r["cpu_s"] for r in results) * k, 2),
            "down_lines": [r["stderr"].count("is down") for r in results],
            "back_lines": [r["stderr"].count(" is back;") for r in results],
            "stderr_first_writer": results[0]["stderr"][-3000:]}  # fmt: skip
+    if rate:
+        out["offered_per_s"], out["made_per_s"] = rate, round(total / made, 1)
     if pg_pid and not during:
-        out["pg_cpu_s_per_1k"] = round((tree_cpu_s(pg_pid) - before["pg"]) * k, 2)
+        out["pg_cpu_s_per_1k"] = round((after["pg"] - before["pg"]) * k, 2)
     if server_pid:
-        out["server_cpu_s_per_1k"] = round((tree_cpu_s(server_pid) - before["server"]) * k, 2)
+        out["server_cpu_s_per_1k"] = round((after["server"] - before["server"]) * k, 2)
     return out
 
 
@@ -179,7 +196,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 out["curve"][f"bulk/{count}"] = r
                 record(f"bulk writers={count}", r)
         if "sustain" in only:
-            r = measure(db["sustain"], "sustain", 8, 0, seconds=a.sustain, pin=pin, pg_pid=pg)
+            r = measure(db["sustain"], "sustain", 8, 0, seconds=a.sustain, rate=a.rate, pin=pin,
+                        pg_pid=pg)  # fmt: skip
             out["runs"]["sustain"] = r
             record(f"bulk sustained {a.sustain} s, 8 writers", r)
         if "fault" in only:
@@ -238,6 +256,11 @@ def render(r: dict[str, Any]) -> str:
                      f"{s['stored']}/{s['total']} | {s['writer_cpu_s_per_1k']} | "
                      f"{s.get('pg_cpu_s_per_1k', '-')} | "
                      f"{s.get('server_cpu_s_per_1k', '-')} |")  # fmt: skip
+    held = r["runs"].get("sustain", {})
+    if held.get("offered_per_s"):
+        lines += ["", f"Held rate: {held['offered_per_s']} traces/s offered, {held['made_per_s']} "
+                  f"made, {held['traces_per_s']} durable over the run; the last durable "
+                  f"{held['drain_s']} s after the last made."]  # fmt: skip
     if "fault" in r["runs"]:
         f = r["runs"]["fault"]
         lines += ["", f"Fault run: PostgreSQL restarted once (`pg_ctl restart -m fast`); stored "
@@ -251,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--writer":
         uri, project, n, worker, seconds = argv[1:6]
-        print(json.dumps(writer(uri, project, int(n), worker, float(seconds))), flush=True)
+        extra = argv[6:-1]  # the last one is run_writers' tag
+        rate = float(extra[0]) if extra else 0.0
+        print(json.dumps(writer(uri, project, int(n), worker, float(seconds), rate)), flush=True)
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -261,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-n", type=int, default=0, help="trajectories per server writer")
     p.add_argument("--only", default="server1,server2,bulk,sustain,fault")
     p.add_argument("--sustain", type=float, default=60.0, help="seconds of the sustained run")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="the sustained run: traces/s offered, all writers together (0: flat out)")
     p.add_argument("--pin", action="store_true", help="writers on CPU 0, PostgreSQL on CPU 1")
     p.add_argument("--quick", action="store_true",
                    help="minutes: small n, server at 1 and 4 writers, 5 s runs")  # fmt: skip

@@ -1,18 +1,18 @@
-"""Where a trace's time goes on the bulk path, in the writer and in PostgreSQL.
+"""Where a trace's CPU goes on the bulk path, in the writer and in PostgreSQL.
 
-    python -m benchmarks.ingest_profile [--n 1024] [--batch 256]
+    python -m benchmarks.ingest_profile [--n 2048] [--batch 256]
 
-One process, one throwaway PostgreSQL. The same trajectories (20 spans, as benchmarks/ingest.py
-makes them) are written twice into two fresh databases, side by side:
+One process, one throwaway PostgreSQL, the trajectories benchmarks/ingest.py makes (20 spans).
 
-- **values**: the rows as multi-row ``INSERT ... VALUES ... ON CONFLICT DO NOTHING`` pages
-  through SQLAlchemy (the bulk writer's PostgreSQL path before COPY);
-- **copy**: the bulk writer as it is (COPY into staging tables, INSERT ... SELECT).
-
-It prints the writer's CPU per trace by stage (MLflow's view of a record, building the rows,
-of which MLflow's ``translate_span_when_storing``, writing them), PostgreSQL's own execution
-time per statement from ``pg_stat_statements``, and the indexes MLflow's schema puts on
-``spans``.
+- **writer**: what the export child does with a batch, stage by stage, in CPU microseconds a
+  trace (``time.process_time``, the best of three rounds): read the batch's JSON lines back
+  into records, MLflow's view of them (``mlflow_view``), MLflow's rows (``RowBuilder.trace``;
+  it says how many spans went through MLflow's own attribute translation), the COPY data, and
+  the whole ``BulkWriter.write`` (rows, COPY data and the round trips);
+- **PostgreSQL**: the CPU of the server's processes while the batches are written (the
+  postmaster's tree, from /proc), the WAL it wrote, and per table the rows a trace adds, the
+  foreign keys each row is checked against and the indexes each row updates; per statement
+  its calls per batch and execution time a trace (``pg_stat_statements``).
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-# cProfile's names of the calls that wait on the server
-WAITS = tuple(
-    f"~:<method '{name}' of 'psycopg2.extensions.cursor' objects>"
-    for name in ("execute", "copy_expert")
-)
+TABLES = ("trace_info", "trace_tags", "trace_request_metadata", "spans", "assessments")
 
 
 def _records(n: int) -> list[Any]:
@@ -45,124 +42,129 @@ def _records(n: int) -> list[Any]:
     return records
 
 
-def _values_insert(writer: Any, batch: list[Any]) -> None:
-    """The previous PostgreSQL path: one multi-row VALUES insert per table (SQLAlchemy pages
-    an ON CONFLICT insert only with RETURNING), after looking up which traces are stored."""
-    from sqlalchemy.dialects import postgresql
+def _cpu_us(n: int, work: Callable[[], Any], rounds: int = 3) -> float:
+    """The best of ``rounds``: CPU microseconds a trace (a shared machine adds, never takes)."""
+    best = float("inf")
+    for _ in range(rounds):
+        c0 = time.process_time()
+        work()
+        best = min(best, time.process_time() - c0)
+    return best / n * 1e6
 
+
+def _writer(writer: Any, records: list[Any], batch: int) -> dict[str, float]:
+    from tracer.backends.export_process import _record
+    from tracer.backends.mlflow_backend import mlflow_view
     from tracer.backends.mlflow_bulk import _table_rows
+    from tracer.backends.mlflow_bulk_copy import binary_columns, copy_binary
+    from tracer.encode import encode_record
 
+    n = len(records)
+    lines = [encode_record(r) for r in records]
+    out = {"read the lines": _cpu_us(n, lambda: [_record(line) for line in lines])}
+    out["mlflow_view"] = _cpu_us(n, lambda: [mlflow_view(r) for r in records])
+    views = [mlflow_view(r) for r in records]
+    out["rows"] = _cpu_us(n, lambda: [writer.rows.trace(v) for v in views])
+    translated = []
     m = writer.m
-    traces = [writer.rows.trace(r) for r in batch]
-    now = int(time.time() * 1000)
-    with writer.store.ManagedSessionMaker(read_only=False) as session:
-        stored = writer._stored(session, traces)
-        new = [t for t in traces if t.trace_id not in stored]
-        rows = _table_rows(new, traces)
-        rows["assessments"] = [writer.rows.reward_row(t, now) for t in new if t.reward is not None]
-        for name, model in (("info", m.SqlTraceInfo), ("tags", m.SqlTraceTag),
-                            ("metadata", m.SqlTraceMetadata), ("spans", m.SqlSpan),
-                            ("assessments", m.SqlAssessments)):  # fmt: skip
-            if rows[name]:
-                table = model.__table__
-                stmt: Any = postgresql.insert(table).on_conflict_do_nothing()
-                stmt = stmt.returning(next(iter(table.primary_key.columns)))
-                session.connection().execute(stmt, rows[name])
+    own = m.translate_span_when_storing
+    m.translate_span_when_storing = lambda span: translated.append(1) or own(span)
+    try:
+        traces = [writer.rows.trace(v) for v in views]
+    finally:
+        m.translate_span_when_storing = own
+    out["spans through MLflow's translation"] = len(translated) / n
+    rows = _table_rows(traces, traces)
+    with writer.store.ManagedSessionMaker() as session:
+        cursor = session.connection().connection.cursor()
+        packs = {t: binary_columns(cursor, t, list(rows[k][0])) for k, t in
+                 (("tags", "trace_tags"), ("spans", "spans"))}  # fmt: skip
+    out["COPY data"] = _cpu_us(n, lambda: [
+        copy_binary(rows[k], list(rows[k][0]), packs[t]) for k, t in
+        (("tags", "trace_tags"), ("spans", "spans"))])  # fmt: skip
+    c0 = time.process_time()
+    for i in range(0, n, batch):
+        writer.write(views[i : i + batch])
+    out["write (rows, COPY data, round trips)"] = (time.process_time() - c0) / n * 1e6
+    return out
 
 
-def _pg_statements(uri: str) -> list[tuple[str, int, float, float]]:
+def _sql(uri: str, query: str) -> list[Any]:
     import sqlalchemy
 
-    engine = sqlalchemy.create_engine(uri)
-    with engine.connect() as conn:
-        rows = conn.execute(sqlalchemy.text(
-            "SELECT query, calls, total_exec_time, rows FROM pg_stat_statements "
-            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "ORDER BY total_exec_time DESC LIMIT 8"
-        )).all()  # fmt: skip
-    engine.dispose()
-    return [(q, c, t, r) for q, c, t, r in rows]
+    engine = sqlalchemy.create_engine(uri, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            result = conn.execute(sqlalchemy.text(query))
+            return list(result.all()) if result.returns_rows else []
+    finally:
+        engine.dispose()
 
 
-def _reset_statements(uri: str) -> None:
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(uri)
-    with engine.begin() as conn:
-        conn.execute(sqlalchemy.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
-        conn.execute(sqlalchemy.text("SELECT pg_stat_statements_reset()"))
-    engine.dispose()
-
-
-def _indexes(uri: str) -> list[str]:
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(uri)
-    with engine.connect() as conn:
-        rows = conn.execute(sqlalchemy.text(
-            "SELECT indexdef FROM pg_indexes WHERE tablename = 'spans'"
-        )).scalars().all()  # fmt: skip
-    engine.dispose()
-    return list(rows)
+def _schema(uri: str) -> dict[str, tuple[int, int]]:
+    """Per table: (foreign keys, indexes)."""
+    out = {}
+    for table in TABLES:
+        [(fks,)] = _sql(uri, f"SELECT count(*) FROM pg_constraint WHERE conrelid = "
+                             f"'{table}'::regclass AND contype = 'f'")  # fmt: skip
+        [(indexes,)] = _sql(uri, f"SELECT count(*) FROM pg_indexes WHERE tablename = '{table}'")
+        out[table] = (int(fks), int(indexes))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    import cProfile
-    import pstats
-
-    from benchmarks.postgres import postgres_available, temporary_postgres
+    from benchmarks.ingest_procs import tree_cpu_s
+    from benchmarks.postgres import postgres_available, temporary_cluster
     from tracer.backends.mlflow_backend import MlflowExporter, mlflow_view
     from tracer.config import TraceConfig
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.ingest_profile", description=__doc__)
-    p.add_argument("--n", type=int, default=1024)
+    p.add_argument("--n", type=int, default=2048)
     p.add_argument("--batch", type=int, default=256)
     a = p.parse_args(argv)
     if why := postgres_available():
         print(f"skipped: {why}")
         return 0
     records = _records(a.n)
-    batches = [records[i : i + a.batch] for i in range(0, len(records), a.batch)]
-    with temporary_postgres("values", "copy") as uris:
-        for mode, uri in zip(("values", "copy"), uris, strict=True):
-            exporter = MlflowExporter(TraceConfig(backend=None, tracking_uri=uri,
-                                                  project_name="profile"))  # fmt: skip
-            writer = exporter.bulk
-            assert writer is not None
-            _reset_statements(uri)
-            profile = cProfile.Profile()
-            c0, t0 = time.process_time(), time.perf_counter()
-            profile.enable()
-            for batch in batches:
-                views = [mlflow_view(r) for r in batch]
-                if mode == "copy":
-                    writer.write(views)
-                else:
-                    _values_insert(writer, views)
-            profile.disable()
-            cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-            stats = pstats.Stats(profile)
-            cum = {f"{k[0].rsplit('/', 1)[-1]}:{k[2]}": v[3] for k, v in stats.stats.items()}  # type: ignore[attr-defined]
+    with temporary_cluster("stages", "postgres_side") as cluster:
+        stages_uri, uri = cluster.uris
+        config = TraceConfig(backend=None, tracking_uri=stages_uri, project_name="profile")
+        writer = MlflowExporter(config).bulk
+        assert writer is not None
+        print(f"## writer: CPU us a trace of 20 spans ({a.n} traces, batches of {a.batch})")
+        for stage, us in _writer(writer, records, a.batch).items():
+            print(f"  {stage:40s} {us:8.1f}")
 
-            def ms(*names: str, cum: dict[str, float] = cum) -> str:
-                s = sum(cum.get(n, 0.0) for n in names)
-                return f"{s / len(records) * 1000:.2f}"
-
-            print(f"\n## {mode}: {len(records)} traces of 20 spans, batches of {a.batch}")
-            print(f"writer: wall {wall:.2f} s, CPU {cpu / len(records) * 1000:.2f} ms a trace "
-                  "(under cProfile: compare the stages, not the totals)")  # fmt: skip
-            print(f"  ms a trace: mlflow_view {ms('mlflow_backend.py:mlflow_view')}, rows "
-                  f"{ms('mlflow_bulk_rows.py:trace')} (MLflow's translation "
-                  f"{ms('__init__.py:translate_span_when_storing')}), COPY text "
-                  f"{ms('mlflow_bulk_copy.py:copy_text')}, "
-                  f"waiting on PostgreSQL {ms(*WAITS)}")  # fmt: skip
-            print("PostgreSQL (pg_stat_statements), by total execution time:")
-            for query, calls, total, rows in _pg_statements(uri):
-                print(f"  {total / len(records) * 1000:8.1f} us a trace  {calls:5d} calls "
-                      f"{rows:7d} rows  {' '.join(query.split())[:110]}")  # fmt: skip
-        print("\nindexes on spans:")
-        for index in _indexes(uris[1]):
-            print(f"  {index}")
+        config = TraceConfig(backend=None, tracking_uri=uri, project_name="profile")
+        writer = MlflowExporter(config).bulk
+        assert writer is not None
+        views = [mlflow_view(r) for r in records]
+        _sql(uri, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        _sql(uri, "CHECKPOINT")
+        [(lsn,)] = _sql(uri, "SELECT pg_current_wal_lsn()")
+        _sql(uri, "SELECT pg_stat_statements_reset()")
+        pg = cluster.postmaster_pid()
+        cpu0 = tree_cpu_s(pg)
+        for i in range(0, len(views), a.batch):
+            writer.write(views[i : i + a.batch])
+        time.sleep(2)  # the WAL writer's and background writer's share
+        cpu = (tree_cpu_s(pg) - cpu0) / a.n * 1e6
+        [(wal,)] = _sql(uri, f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{lsn}')")
+        batches = -(-a.n // a.batch)
+        print(f"\n## PostgreSQL: CPU {cpu:.0f} us a trace (its processes), WAL "
+              f"{float(wal) / a.n / 1024:.1f} KiB a trace")  # fmt: skip
+        print("  table                   rows a trace  foreign keys a row  indexes a row")
+        for table, (fks, indexes) in _schema(uri).items():
+            [(rows,)] = _sql(uri, f"SELECT count(*) FROM {table}")
+            print(f"  {table:24s} {rows / a.n:12.2f} {fks:19d} {indexes:14d}")
+        statements = _sql(uri, (
+            "SELECT query, calls, total_exec_time FROM pg_stat_statements WHERE dbid = (SELECT "
+            "oid FROM pg_database WHERE datname = current_database()) "
+            "ORDER BY total_exec_time DESC LIMIT 10"))  # fmt: skip
+        print("  us a trace  calls a batch  statement (pg_stat_statements)")
+        for query, calls, total in statements:
+            print(f"  {total / a.n * 1000:10.1f} {calls / batches:14.1f}  "
+                  f"{' '.join(query.split())[:90]}")  # fmt: skip
     return 0
 
 

@@ -188,6 +188,26 @@ def test_bulk_and_mlflow_paths_store_the_same_traces(
     [tool] = [s for s in failed["spans"].values() if s["name"] == "calculator"]
     assert tool["status"][0] == "ERROR" and tool["events"][0][0] == "exception"
     assert len(search_traces(f"sqlite:///{tmp_path / 'bulk'}.db", EXP, "tags.step = '2'")) == 2
+    # The rows themselves: each span's content JSON is the text MLflow's path writes, which
+    # its span-attribute filters match (`"key": "value"`, with MLflow's separators).
+    texts = {name: _span_contents(f"sqlite:///{tmp_path / name}.db") for name in stores}
+    assert texts["bulk"] == texts["mlflow-path"]
+    assert len(texts["bulk"]) == sum(len(r.spans) for r in records)
+    for where in ("span.attributes.`mlflow.spanType` RLIKE 'TOOL'",
+                  "span.attributes.tool_name LIKE '%calc%'"):  # fmt: skip
+        found = {name: search_traces(f"sqlite:///{tmp_path / name}.db", EXP, where)
+                 for name in stores}  # fmt: skip
+        assert len(found["bulk"]) == len(found["mlflow-path"]) == 4, where
+
+
+def _span_contents(uri: str) -> dict[str, str]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    with engine.connect() as conn:
+        rows = conn.execute(sqlalchemy.text("SELECT span_id, content FROM spans")).all()
+    engine.dispose()
+    return dict(rows)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
@@ -205,6 +225,8 @@ def test_bulk_and_mlflow_paths_store_the_same_traces_on_postgresql(
         exporter.export(records)
         exporter.export(records, replay=True)
         theirs, ours = _stored(theirs_uri), _stored(ours_uri)
+        # binary COPY: each span's text arrives as MLflow's own path writes it
+        assert _span_contents(ours_uri) == _span_contents(theirs_uri)
     assert sorted(ours) == sorted(theirs) and len(ours) == 4
     for trace_id, want in theirs.items():
         for key in want:

@@ -14,9 +14,14 @@ from typing import Any
 
 from tracer.record import SpanRecord, TrajectoryRecord
 
+# json.dumps(value, ensure_ascii=False, default=str), with the encoder built once: json.dumps
+# builds a new one on every call that passes options (the MLflow writers call this ~150 times
+# a trajectory). The encoder keeps no state between calls, so threads can share it.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+    return _ENCODER.encode(value)
 
 
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})

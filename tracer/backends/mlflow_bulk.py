@@ -220,6 +220,7 @@ class BulkWriter:
         # Core, not the ORM: the ORM's bulk path spent 3x the database's own time building one
         # bind parameter per value.
         self.copy = store.db_type == "postgresql"
+        self._packers: dict[tuple[str, ...], list[Any] | None] = {}  # binary COPY, by table
         from sqlalchemy.dialects import sqlite
 
         self._inserts: dict[str, Any] = {
@@ -269,7 +270,7 @@ class BulkWriter:
                     self.rows.reward_row(t, now_ms) for t in traces if t.reward is not None
                 ]
                 with session.connection().connection.cursor() as cursor:
-                    copy_batch(cursor, rows, self.reward_name)
+                    copy_batch(cursor, rows, self.reward_name, self._packers)
                 return
             stored = self._stored(session, traces)
             new = [t for t in traces if t.trace_id not in stored]

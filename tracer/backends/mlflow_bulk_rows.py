@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import orjson
-
+from tracer.backends.mlflow_bulk_attrs import stored_attributes
 from tracer.backends.otel_spans import encode_all_json, span_attributes
 from tracer.record import TrajectoryRecord
 
@@ -70,13 +69,10 @@ class RowBuilder:
         self.reward_name = reward_name
 
     def _content(self, translated: dict[str, Any]) -> str:
-        """The span's content JSON: orjson (a fifth of the stdlib's cost on ~1 KB spans), the
-        same JSON value as MLflow's ``json.dumps(..., cls=TraceJSONEncoder)``; anything orjson
-        does not take as it is (a non-JSON object, a huge int) goes through MLflow's encoder."""
-        try:
-            return orjson.dumps(translated).decode()
-        except TypeError:
-            return json.dumps(translated, cls=self.m.TraceJSONEncoder, ensure_ascii=False)
+        """The span's content JSON, byte for byte what MLflow's ``_log_spans_once`` writes
+        (its encoder, its separators): MLflow's span-attribute filters (``span.attributes.x
+        RLIKE ...``) match ``"key": "value"`` in this text, with the space."""
+        return json.dumps(translated, cls=self.m.TraceJSONEncoder, ensure_ascii=False)
 
     def reward_row(self, t: TraceRows, now_ms: int) -> dict[str, Any]:
         """What ``SqlAssessments.from_mlflow_entity`` makes of the reward ``Feedback``."""
@@ -114,22 +110,24 @@ class RowBuilder:
         keys = m.SpanAttributeKey
         trace_id = self.trace_id_of(record.trace_id)
         trace_b64 = _b64(int(record.trace_id, 16), 16)
-        request_id = encode_all_json(REQUEST_ID_KEY, trace_id)
         spans: list[dict[str, Any]] = []
         usage_nodes, cost_nodes = [], []
         root: dict[str, Any] | None = None
         root_status: str | None = None
         session_id = user_id = None
         for i, span in enumerate(record.spans):
-            plain = span_attributes(record, span, i == 0)
-            attrs = {REQUEST_ID_KEY: request_id}
-            attrs.update({k: encode_all_json(k, v) for k, v in plain.items()})
+            plain = {REQUEST_ID_KEY: trace_id, **span_attributes(record, span, i == 0)}
             span_id = f"{int(span.span_id, 16):016x}"
             parent_id = f"{int(span.parent_id, 16):016x}" if span.parent_id else None
             status = "ERROR" if span.status == "ERROR" else "OK"
-            translated = m.translate_span_when_storing(
-                _SpanDict(_span_dict(record, span, trace_b64, parent_id, status, attrs))
-            )
+            attrs = stored_attributes(plain)
+            if attrs is None:  # attributes MLflow's translators read: they decide
+                attrs = {k: encode_all_json(k, v) for k, v in plain.items()}
+                translated = m.translate_span_when_storing(
+                    _SpanDict(_span_dict(record, span, trace_b64, parent_id, status, attrs))
+                )
+            else:
+                translated = _span_dict(record, span, trace_b64, parent_id, status, attrs)
             a = translated.get("attributes", {})
             usage_nodes.append(m._span_aggregation_node(span_id, parent_id, a, keys.CHAT_USAGE))
             cost_nodes.append(m._span_aggregation_node(span_id, parent_id, a, keys.LLM_COST))
@@ -145,7 +143,7 @@ class RowBuilder:
                     cost = json.loads(raw_cost)
                 except (TypeError, ValueError):
                     cost = {}
-            span_type = attrs.get(keys.SPAN_TYPE)
+            span_type = plain.get(keys.SPAN_TYPE)
             spans.append(
                 {
                     "trace_id": trace_id,
@@ -153,7 +151,7 @@ class RowBuilder:
                     "span_id": span_id,
                     "parent_span_id": parent_id,
                     "name": span.name,
-                    "type": _json_value(span_type) if span_type is not None else None,
+                    "type": _span_type(span_type),
                     "status": status,
                     "start_time_unix_nano": span.start_ns,
                     "end_time_unix_nano": span.end_ns,
@@ -308,6 +306,14 @@ def _span_dict(
 
 def _b64(value: int, length: int) -> str:
     return base64.b64encode(value.to_bytes(length, "big")).decode()
+
+
+def _span_type(value: Any) -> Any:
+    """The ``type`` column: the span type attribute's value read back from its JSON (a
+    string, the usual case, is itself)."""
+    if value is None or isinstance(value, str):
+        return value
+    return _json_value(encode_all_json("", value))
 
 
 def _json_value(raw: Any) -> Any:

@@ -1,0 +1,91 @@
+"""The bulk writer's shortcut past MLflow's attribute translation stores what MLflow's own
+``translate_span_when_storing`` stores: every key it calls inert, with values of every shape,
+checked against the installed MLflow (a version the bulk writer was tested with)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from mlflow.tracing.otel.translation import translate_span_when_storing
+
+from tracer.backends.mlflow_bulk_attrs import INERT_KEYS, INERT_PREFIXES, stored_attributes
+from tracer.backends.mlflow_bulk_rows import _SpanDict
+from tracer.backends.otel_spans import encode_all_json
+
+
+class Shown:
+    """An object JSON cannot hold: written as its str()."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# strings that are JSON of every kind, almost JSON, or not JSON at all; and other values
+STRINGS = ["", "stop", "5", "-1.5", "true", "null", "NaN", '"quoted"', '""', '"5"', "[1, 2]",
+           " [1]", "\n{\"a\": 1}", '{"a": [1, NaN]}', "[1, Infinity]", "{bad", "[1,", '"\\ud800"',
+           '"{\\"a\\": 1}"', "ünïcode \t tab\nline \\ end", "\x00\x1f\x7f\u2028"]  # fmt: skip
+VALUES: list[Any] = [*STRINGS, 0, 7, -2.5, 1e-05, float("nan"), True, False, None, [], {},
+                     [1, "a"], {"messages": [{"role": "user", "content": "hi"}]},
+                     {"content": '{"a": 1}'}, Shown("plain"), Shown('{"a": 1}'), Shown('"x"'),
+                     dt.date(2026, 12, 6)]  # fmt: skip
+KEYS = sorted(INERT_KEYS) + [f"{p}something" for p in INERT_PREFIXES]
+
+
+def mlflow_stores(plain: dict[str, Any]) -> dict[str, Any]:
+    """What MLflow's translation stores of these attributes (a span dict as the writer makes
+    it; only the attributes matter)."""
+    encoded = {k: encode_all_json(k, v) for k, v in plain.items()}
+    span = {"name": "s", "events": [], "attributes": encoded}
+    return dict(translate_span_when_storing(_SpanDict(span))["attributes"])
+
+
+def io(inputs: Any = None, outputs: Any = None) -> dict[str, Any]:
+    return {"mlflow.spanInputs": inputs, "mlflow.spanOutputs": outputs}
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_an_inert_key_is_stored_as_mlflow_stores_it(key: str) -> None:
+    checked = 0
+    for value in VALUES:
+        plain = {**io({"prompt": "p"}, "a reply"), key: value}
+        ours = stored_attributes(plain)
+        assert ours is not None, (key, value)  # the shortcut is taken...
+        assert ours == mlflow_stores(plain), (key, value)  # ...and stores the same
+        checked += 1
+    assert checked == len(VALUES)
+
+
+def test_inputs_and_outputs_of_every_shape() -> None:
+    for inputs, outputs in itertools.product(VALUES, repeat=2):
+        plain = {"mlflow.traceRequestId": "tr-1", "mlflow.spanType": "TOOL", **io(inputs, outputs)}
+        ours = stored_attributes(plain)
+        if ours is not None:
+            assert ours == mlflow_stores(plain), (inputs, outputs)
+
+
+@pytest.mark.parametrize(
+    "plain",
+    [
+        io({"model": "qwen", "prompt": "p"}, "a"),  # MLflow adds the span's model
+        io("p", {"model": "qwen"}),
+        io("p", '{"model": "qwen"}'),  # a string holding JSON: MLflow reads it too
+        {"mlflow.spanOutputs": "a"},  # no inputs: MLflow looks for them in other conventions
+        {**io("p", "a"), "mlflow.chat.tokenUsage": {"input_tokens": 3}},
+        {**io("p", "a"), "gen_ai.usage.input_tokens": 3, "gen_ai.request.model": "qwen"},
+        {**io("p", "a"), "openinference.span.kind": "LLM"},
+        {**io("p", "a"), "user.id": "u"},
+    ],
+)
+def test_attributes_mlflow_translates_go_through_its_translation(plain: dict[str, Any]) -> None:
+    assert stored_attributes(plain) is None
+    # and MLflow's translation indeed changes or may change them (the reason for the detour)
+    assert set(plain) <= set(mlflow_stores(plain))
