@@ -44,4 +44,3 @@ for line in open(sys.argv[1]):
         print(f"{name} {got}")
 EOF
 log "venv ready in ${SECONDS}s"
-
