@@ -355,7 +355,10 @@ def test_an_executable_that_is_not_python_leaves_the_export_in_process(
     assert script.proc.returncode == 0, err
     assert script.said["ok"] and script.said["kind"] == "MlflowExporter"
     assert script.said["init_s"] < script.said["in_process_s"] + 10  # was 60 s more
-    warnings = [line for line in err.splitlines() if line.startswith("LOG WARNING")]
+    # the bulk writer's own line (an MLflow it was not tested with, e.g. CI's lowest
+    # versions) is tests/test_mlflow_bulk.py's business; this test counts the child's
+    warnings = [line for line in err.splitlines()
+                if line.startswith("LOG WARNING") and "bulk writer" not in line]  # fmt: skip
     assert len(warnings) == 1 and "exports from this process" in warnings[0], err
     assert "Traceback" not in err, err
     assert stored(mlflow_uri) == keys(0, 10)

@@ -29,9 +29,13 @@ BUILTIN_PATTERNS: dict[str, tuple[tuple[str, ...], str]] = {
         r"(?i:\b(?:wandb[_\- ]?api[_\- ]?key|wandb_key)\s*"
         r"[=:]\s*['\"]?[A-Za-z0-9_\-]{20,})",
     ),
-    # 40 hex digits (a W&B key); longer hex runs are checked in _hex40 (a lookaround regex
-    # costs 5x more on long texts)
-    "wandb-key": ((), r"[0-9a-f]{40,}"),
+    # 40 lower-case hex digits (a W&B key) only after "wandb" or "api key" on the same line,
+    # within 40 characters ("wandb login 0123...", "api_key: 0123..."): a bare run of 40 hex
+    # digits is far more often a git commit or a checksum (benchmarks/bench_redact.py)
+    "wandb-key": (
+        ("wandb", "api_key", "api key", "api-key", "apikey"),
+        r"((?i:wandb|api[_\- ]?key)[^\n]{0,40}?)(?<![0-9A-Za-z])[0-9a-f]{40}(?![0-9A-Za-z])",
+    ),
     "aws-access-key": (("akia", "asia"), r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     "aws-secret": (
         ("aws_secret_access_key",),
@@ -72,16 +76,6 @@ def secret_env_values() -> list[str]:
         key=len,
         reverse=True,
     )
-
-
-# bytes.translate maps each lower-case hex digit to "h" and every other byte to ".": a W&B
-# key is then a run of 40 "h", found at C speed (the regex scans a whole record far slower)
-_HEX_TABLE = bytes(ord("h") if chr(b) in "0123456789abcdef" else ord(".") for b in range(256))
-_HEX_RUN = b"h" * 40
-
-
-def _hex40(m: re.Match[str]) -> str:
-    return MARK if len(m.group()) == 40 else m.group()
 
 
 # Rules whose regex is case-sensitive: a string they change holds one of these literals as
@@ -142,7 +136,7 @@ class Redactor:
         self.rules: list[tuple[tuple[str, ...], re.Pattern[str], Any]] = []
         if builtin:
             self.rules = [
-                (lits, re.compile(rx), _hex40 if name == "wandb-key" else MARK)
+                (lits, re.compile(rx), r"\g<1>" + MARK if name == "wandb-key" else MARK)
                 for name, (lits, rx) in BUILTIN_PATTERNS.items()
             ]
         for p in patterns:
@@ -165,19 +159,16 @@ class Redactor:
         exact = [lit.encode() for lits in _AS_WRITTEN.values() for lit in lits] if builtin else []
         exact += [orjson.dumps(v)[1:-1] for v in self.literals]  # as they show in JSON
         self._gate_exact = tuple(_gate(lit) for lit in exact)
-        self._gate_hex = builtin
 
     def needs(self, data: bytes) -> bool:
         """Whether a record serialized as ``data`` (its JSON) may hold something to redact. A
         superset test at C speed: every string a rule would change in the record shows, in
         its JSON, the rule's literal (in lower case, where the per-field pass looks for it;
-        as written, where the rule's regex is case-sensitive), a run of 40 hex digits, or a
-        secret's JSON-escaped value. False means the per-field pass would change nothing."""
+        as written, where the rule's regex is case-sensitive) or a secret's JSON-escaped
+        value. False means the per-field pass would change nothing."""
         if self._always:
             return True
         if any(_occurs(data, *gate) for gate in self._gate_exact):
-            return True
-        if self._gate_hex and _HEX_RUN in data.translate(_HEX_TABLE):
             return True
         # str.lower maps a few non-ASCII letters to ASCII ones (the Kelvin sign to k)
         low = data.lower() if data.isascii() else data.decode().lower().encode()

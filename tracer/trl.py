@@ -38,7 +38,9 @@ from tracer.trl_spans import num, reward_span, rows, size, spans, token_turns, t
 
 log = logging.getLogger(__name__)
 
-TESTED_TRL = ("1.16",)  # major.minor versions the integration is tested against
+# the lowest and the highest major.minor CI tests (.ci/constraints-lowest.txt; the main venv's
+# newest in pyproject's range): a version between them is a tested range, not a warning
+TESTED_TRL = ("1.8", "1.16")
 _NEEDS = ("_generate_and_score_completions", "_calculate_rewards", "reward_func_names",
           "reward_weights",
           "num_generations", "state", "accelerator", "log", "add_callback")  # fmt: skip
@@ -74,12 +76,21 @@ def _check(trainer: Any) -> None:
         raise TrlVersionError(
             f"tracer.trl: this trainer ({type(trainer).__name__}, TRL {version}) lacks "
             f"{', '.join(missing)}; tracer.trl is tested with GRPOTrainer of TRL "
-            f"{', '.join(v + '.x' for v in TESTED_TRL)}"
+            f"{TESTED_TRL[0]} to {TESTED_TRL[1]}.x"
         )
     version = _trl_version()
-    if version is not None and ".".join(version.split(".")[:2]) not in TESTED_TRL:
-        log.warning("tracer.trl: TRL %s is untested (tested: %s); tracing goes on",
-                    version, ", ".join(TESTED_TRL))  # fmt: skip
+    if version is not None and not _in_tested_range(version):
+        log.warning("tracer.trl: TRL %s is untested (tested: %s to %s.x); tracing goes on",
+                    version, *TESTED_TRL)  # fmt: skip
+
+
+def _minor(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+
+
+def _in_tested_range(version: str) -> bool:
+    low, high = (_minor(v) for v in TESTED_TRL)
+    return low <= _minor(version) <= high
 
 
 def _trl_version() -> str | None:

@@ -40,7 +40,8 @@ values and the aggregates of the values it holds), created through the trace ser
 writes the same feedback row. A trajectory whose root call is not in the project (not sampled)
 is skipped after one lookup. Users read it with weave's own API (``call.feedback``).
 
-Uses ``WeaveClient`` directly (``_call_id_override`` is private): weave is pinned (0.54.0).
+Uses ``WeaveClient`` directly (``_call_id_override`` is private): pyproject holds weave to
+0.54.x.
 """
 
 from __future__ import annotations
