@@ -186,8 +186,6 @@ OVER_400 = {
     "data shape with the export, so splitting it would pass that state between two modules",
     "tracer/snapshot.py": "the hot path's argument snapshot: the JSON-bytes fast path and the "
     "object walk call each other on every value (one recursion); benchmarks/hotpath.py times it",
-    "tracer/ops.py": "trace_attr and trace_op, the hot path; others were editing it in round 7 "
-    "(#58): the lead splits it after their merges",
     "tracer/readers/explore/store.py": "the explorer's DuckDB queries over one set of views and "
     "one cache: every method is a query on the same attached runs; over by a few lines",
     "tracer/readers/explore/server.py": "the explorer's HTTP routes and the handler that serves "
