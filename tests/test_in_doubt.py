@@ -104,7 +104,9 @@ def crash_during_a_call(tmp_path: Path, sink: dict[str, Any], mode: str) -> None
                              str(tmp_path / "spool"), str(flag), json.dumps(sink["where"])],
                             env=env)  # fmt: skip
     try:
-        wait_for(lambda: flag.exists() or proc.poll() is not None, f"the {mode} call", 180)
+        # the flag's file exists a moment before its text is in it: wait for the text
+        wait_for(lambda: (flag.exists() and flag.read_text()) or proc.poll() is not None,
+                 f"the {mode} call", 180)  # fmt: skip
         assert proc.poll() is None, f"the {mode} process ended by itself"
         assert flag.read_text() == "success"
     finally:

@@ -170,7 +170,7 @@ def test_a_rendered_snapshot_is_not_the_callers_object() -> None:
 SECRETS = [
     "sk-proj-abcdefghijklmnopqrstuvwx",
     "wandb_api_key=0123456789abcdefghijklmno",
-    "0123456789abcdef0123456789abcdef01234567",  # a W&B key: 40 hex digits
+    "WANDB_API_KEY: 0123456789abcdef0123456789abcdef01234567",  # a W&B key, in context
     "AKIAABCDEFGHIJKLMNOP",
     "aws_secret_access_key = abcdefghijklmnopqrstuvwxyz0123456789ABCD",
     "Authorization: Bearer abc.def-ghi_jkl",
