@@ -104,4 +104,4 @@ def _check_throughput_and_export(text: str) -> None:
     for mode in ("off", "on_100pct", "sampled_n4"):
         assert re.search(rf"\| {mode} \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", tp), mode
     export = _section(text, "## 5. Export to Parquet")
-    assert re.search(r"\| jsonl \| 1000 \| \d+ \| [\d.]+ \|", export), export
+    assert re.search(r"\| jsonl \| 200 \| \d+ \| [\d.]+ \|", export), export

@@ -22,7 +22,9 @@ from tests._explore import make_export, serving  # noqa: E402
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 N = 10_000
 TOKENS_PER_TURN = 4
-pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium")
+# one worker runs the module: the export and the explorer start once, not once per worker
+pytestmark = [pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium"),
+              pytest.mark.xdist_group("explore-browser"), pytest.mark.slow(seconds=25)]
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ def _start_explore(args: list[str], env: dict[str, str]) -> tuple[subprocess.Pop
     raise AssertionError("explore did not start:\n" + "".join(seen))
 
 
+@pytest.mark.slow(seconds=9)
 def test_run_into_mlflow_then_explore(tmp_path: Path, mlflow_uri: str) -> None:
     env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_uri)
     code = main(["run", "--no-progress", "actor_rollout_ref.rollout.name=scripted",

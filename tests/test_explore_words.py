@@ -24,6 +24,9 @@ pytest.importorskip("duckdb")
 pytest.importorskip("tantivy")
 pytest.importorskip("transformers")
 pq = pytest.importorskip("pyarrow.parquet")
+# one worker runs the module: the main job, its export, the explorer and the browser start once,
+# not once per worker
+pytestmark = [pytest.mark.xdist_group("explore-words"), pytest.mark.slow(seconds=60)]
 
 import tracer  # noqa: E402
 from rollout.cli import main  # noqa: E402

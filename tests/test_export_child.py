@@ -175,6 +175,7 @@ def test_ctrl_c_never_reaches_the_export_child(
     wait_gone(child)
 
 
+@pytest.mark.slow(seconds=7)
 def test_export_works_with_more_than_1024_open_files(
     tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:
@@ -209,6 +210,7 @@ def test_export_works_with_more_than_1024_open_files(
     wait_gone(child)
 
 
+@pytest.mark.slow(seconds=9)
 def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
     tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:
@@ -240,6 +242,7 @@ def test_a_hung_child_is_killed_at_shutdown_and_its_batches_wait_in_the_spool(
 
 # 10-29 s (29 s on CI in a full run, 2026-12-04): three processes import MLflow in turn (the
 # script, its export child, the replay), and the flush after the abort waits out its 3 s.
+@pytest.mark.slow(seconds=12)
 def test_an_export_call_that_begins_after_the_shutdown_abort_starts_no_new_child(
     tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:

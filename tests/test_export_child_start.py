@@ -194,6 +194,7 @@ def test_init_from_a_thread_that_ends_keeps_the_child_until_the_process_dies(
     assert stored(mlflow_uri) == keys(0, 20)
 
 
+@pytest.mark.slow(seconds=9)
 @pytest.mark.parametrize("variable", ["1", None])
 def test_a_fork_honours_the_variable_its_parent_was_started_with(
     tmp_path: Path, mlflow_uri: str, jobs: list[Job], variable: str | None
@@ -232,6 +233,7 @@ def test_a_fork_honours_the_variable_its_parent_was_started_with(
     wait_gone(job.said["child"])
 
 
+@pytest.mark.slow(seconds=8)
 def test_a_fork_during_the_childs_start_holds_none_of_its_pipes(
     tmp_path: Path, mlflow_uri: str, jobs: list[Job]
 ) -> None:

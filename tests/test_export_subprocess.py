@@ -17,6 +17,7 @@ pytestmark = pytest.mark.export_child  # the export child is what these test
 pytest.importorskip("mlflow")
 
 
+@pytest.mark.slow(seconds=7)
 def test_mlflow_export_in_a_child_process_survives_its_death(tmp_path: Path, mlflow_uri: str):
     tracer.init(backend="mlflow", tracking_uri=mlflow_uri, project_name="sub",
                 export_in_subprocess=True, spool_dir=str(tmp_path / "spool"),

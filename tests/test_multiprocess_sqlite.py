@@ -35,6 +35,7 @@ JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow(seconds=9)
 def test_three_processes_share_one_new_sqlite_store(tmp_path: Path):
     uri = f"sqlite:///{tmp_path / 'shared.db'}"  # a new file: all three race to create it
     script = tmp_path / "job.py"

@@ -254,6 +254,7 @@ def test_report_section_links_to_transcripts_it_embeds(hacked_run: Path) -> None
     assert "<th>acc</th>" in parts and "<th>score</th>" in parts
 
 
+@pytest.mark.slow(seconds=8)
 def test_flags_command_prints_the_summary_and_first_flagged_step(
     hacked_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,6 +21,7 @@ pytest.importorskip("mlflow")
 # The server goes away as a SIGKILL looks from the client (its port refuses, open connections
 # are reset) while the session's server stands behind the port: its data is all there when it
 # is back, as a restarted server's is. A real SIGKILL and restart: tests/test_chaos.py.
+@pytest.mark.slow(seconds=15)
 def test_server_gone_mid_run_and_back_stores_exactly_500(
     tmp_path: Path, mlflow_server: MlflowServer
 ) -> None:

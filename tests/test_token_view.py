@@ -18,6 +18,8 @@ from tests.conftest import search_traces
 from tracer.tokens import LOGPROBS_ATTR, decode_floats, encode_floats
 
 pytest.importorskip("mlflow")
+# one worker runs the module: the annotated store below is made once, not once per worker
+pytestmark = [pytest.mark.xdist_group("token-view"), pytest.mark.slow(seconds=40)]
 
 PROJECT = "token-view"
 SALT = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
@@ -130,19 +132,27 @@ def _k3(logr: np.ndarray) -> np.ndarray:
     return np.expm1(logr) - logr
 
 
-@pytest.fixture
-def annotated(tmp_path: Path, mlflow_uri: str) -> dict[str, Any]:
-    returned = _rollout(tmp_path, mlflow_uri)
-    values = _trainer_values(returned)
-    tracer.shutdown()
-    _annotate_in_subprocess(tmp_path, mlflow_uri, values)
-    return {"tmp": tmp_path, "returned": returned, "values": values}
+@pytest.fixture(scope="module")
+def annotated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The rollout traced and annotated once for the module's readers (the idempotence test
+    annotates it again: the others must read the same either way)."""
+    tmp = tmp_path_factory.mktemp("token-view")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp)  # the spool's default folder
+        tracer.reset()
+        returned = _rollout(tmp, uri)
+        values = _trainer_values(returned)
+        tracer.shutdown()
+        tracer.reset()
+    _annotate_in_subprocess(tmp, uri, values)
+    return {"tmp": tmp, "uri": uri, "returned": returned, "values": values}
 
 
 def test_annotations_from_another_process_land_on_the_right_trajectories(
-    annotated: dict[str, Any], mlflow_uri: str
+    annotated: dict[str, Any],
 ) -> None:
-    returned, values = annotated["returned"], annotated["values"]
+    returned, values, mlflow_uri = annotated["returned"], annotated["values"], annotated["uri"]
     traces = search_traces(mlflow_uri, PROJECT)
     assert len(traces) == 12
     for trace in traces:
@@ -166,7 +176,8 @@ def test_annotations_from_another_process_land_on_the_right_trajectories(
     assert len(hits) == 6
 
 
-def test_annotating_twice_is_idempotent(annotated: dict[str, Any], mlflow_uri: str) -> None:
+def test_annotating_twice_is_idempotent(annotated: dict[str, Any]) -> None:
+    mlflow_uri = annotated["uri"]
     _annotate_in_subprocess(annotated["tmp"], mlflow_uri, annotated["values"])
     for trace in search_traces(mlflow_uri, PROJECT):
         assert [s.name for s in trace.data.spans].count("annotation") == 1
@@ -181,7 +192,7 @@ def test_encoding_round_trips_float32() -> None:
 
 @pytest.mark.parametrize("source", ["mlflow", "jsonl"])
 def test_tokens_table_matches_counts_and_numpy_kl(
-    annotated: dict[str, Any], mlflow_uri: str, source: str
+    annotated: dict[str, Any], source: str
 ) -> None:
     pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -189,6 +200,7 @@ def test_tokens_table_matches_counts_and_numpy_kl(
     from tracer.readers import export
 
     tmp, returned, values = annotated["tmp"], annotated["returned"], annotated["values"]
+    mlflow_uri = annotated["uri"]
     out = tmp / f"export-{source}"
     kwargs: dict[str, Any] = (
         {"experiment": PROJECT, "tracking_uri": mlflow_uri} if source == "mlflow"

@@ -8,6 +8,8 @@ import glob
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollout.heatmap import (
     CELL_H,
     CELL_W,
@@ -55,6 +57,7 @@ def test_kl_matrix_masks_as_the_report() -> None:
     assert dark[1] < 50 and dark[0] > 100  # the far-off token: dark red
 
 
+@pytest.mark.slow(seconds=7)
 def test_heatmap_in_every_tracker(trackers_env: Path) -> None:  # noqa: F811
     for name, extra in (("mlflow", "rollout-tracer[mlflow]"), ("wandb", "rollout-tracer[wandb]"),
                         ("swanlab", "swanlab[dashboard]"), ("swanboard", "swanlab[dashboard]"),

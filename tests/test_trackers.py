@@ -135,6 +135,7 @@ def _swanlab_series(log_dir: Path) -> tuple[dict[str, dict[int, Any]], Path]:
     return series, run_dir
 
 
+@pytest.mark.slow(seconds=9)
 def test_rollout_logs_to_every_tracker(
     trackers_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,6 +35,8 @@ import tracer
 from tests._servers import MlflowServer, free_port, start_mlflow_server
 
 pytest.importorskip("mlflow")
+# one worker runs the module: each traced store and its server start once, not once per worker
+pytestmark = [pytest.mark.xdist_group("ui"), pytest.mark.slow(seconds=90)]
 
 PROJECT = "ui-test"
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")

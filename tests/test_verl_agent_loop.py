@@ -325,6 +325,7 @@ def trace_config(backend: str, max_samples: int | None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- the tests
+@pytest.mark.slow(seconds=7)
 def test_verl_agent_loop_on_mlflow(
     smollm2_tokenizer: Any, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
