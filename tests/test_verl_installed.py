@@ -80,7 +80,7 @@ def test_the_setting_decides_which_module_verl_imports() -> None:
             "type(a.rollout_trace_attr(trace=False)).__module__)")  # fmt: skip
     on = _python(code, ROLLOUT_TRACER_VERL="1")
     assert on.returncode == 0, on.stderr
-    assert on.stdout.split() == ["True", "verl.utils.rollout_trace", "tracer.ops"]
+    assert on.stdout.split() == ["True", "verl.utils.rollout_trace", "tracer.scope"]  # ours
     off = _python(code)
     assert off.returncode == 0, off.stderr
     assert off.stdout.split() == ["False", "verl.utils.rollout_trace", "contextlib"]
