@@ -179,3 +179,71 @@ def test_four_writers_through_the_bulk_path_store_every_trace_once(
     exporter.export(records, replay=True)
     exporter.export(records[5:17], replay=True)
     assert _stored(fresh_database) == first
+
+
+def _long_replies(worker: str, n: int) -> list[Any]:
+    """Trajectories whose generate span's content passes PostgreSQL's ~2 KB: it compresses it."""
+    import tracer
+    from tracer.testing import InMemoryExporter
+
+    tracer.init(backend="memory", token2text=False, worker_id=worker)
+
+    @tracer.trace_op(kind="generate")
+    def generate(prompt: str) -> str:
+        return " ".join(f"step {i}: the answer is {i * 7}." for i in range(200))
+
+    for i in range(n):
+        with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
+            generate("What is 6 x 7?")
+    assert tracer.flush(60)
+    records = list(InMemoryExporter.latest().records)
+    tracer.reset()
+    return records
+
+
+def _compression_of_generate_spans(uri: str) -> list[Any]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        with engine.connect() as conn:
+            query = "SELECT pg_column_compression(content) FROM spans WHERE name = 'generate'"
+            return sorted(row[0] for row in conn.execute(sqlalchemy.text(query)))
+    finally:
+        engine.dispose()
+
+
+def test_large_values_go_in_lz4_unless_the_owner_chose_a_method(fresh_database: str) -> None:
+    """A span's content past ~2 KB is compressed with lz4 (PostgreSQL's default, pglz, failed
+    on token lists at a fifth of its CPU); MLflow reads the same text back. A method set for
+    the database is the owner's choice: the writer keeps it."""
+    import sqlalchemy
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import search_traces
+    from tracer.backends.mlflow_backend import MlflowExporter
+    from tracer.config import TraceConfig
+
+    engine = sqlalchemy.create_engine(fresh_database, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        query = "SELECT enumvals FROM pg_settings WHERE name = 'default_toast_compression'"
+        if "lz4" not in (conn.execute(sqlalchemy.text(query)).scalar() or ()):
+            pytest.skip("this PostgreSQL is built without lz4")
+    config = TraceConfig(backend=None, tracking_uri=fresh_database, project_name="lz4")
+    exporter = MlflowExporter(config)
+    assert exporter.bulk is not None and exporter.bulk.copy
+    exporter.export(_long_replies("w0", 3))
+    assert _compression_of_generate_spans(fresh_database) == ["lz4"] * 3
+    client = MlflowClient(tracking_uri=fresh_database)
+    expected = " ".join(f"step {i}: the answer is {i * 7}." for i in range(200))
+    for found in search_traces(fresh_database, "lz4"):
+        spans = client.get_trace(found.info.trace_id).data.spans
+        assert [s.outputs for s in spans if s.name == "generate"] == [expected]
+
+    with engine.connect() as conn:
+        name = fresh_database.rsplit("/", 1)[1]
+        conn.execute(sqlalchemy.text(f"ALTER DATABASE {name} SET default_toast_compression = pglz"))
+    engine.dispose()
+    exporter.bulk.store.engine.dispose()  # MLflow keeps its store: new connections see the setting
+    MlflowExporter(config).export(_long_replies("w1", 3))
+    assert _compression_of_generate_spans(fresh_database) == ["lz4"] * 3 + ["pglz"] * 3

@@ -32,7 +32,8 @@ class Shown:
 # strings that are JSON of every kind, almost JSON, or not JSON at all; and other values
 STRINGS = ["", "stop", "5", "-1.5", "true", "null", "NaN", '"quoted"', '""', '"5"', "[1, 2]",
            " [1]", "\n{\"a\": 1}", '{"a": [1, NaN]}', "[1, Infinity]", "{bad", "[1,", '"\\ud800"',
-           '"{\\"a\\": 1}"', "ünïcode \t tab\nline \\ end", "\x00\x1f\x7f\u2028"]  # fmt: skip
+           '"{\\"a\\": 1}"', "ünïcode \t tab\nline \\ end", "\x00\x1f\x7f\u2028",
+           "[1e400]", "[12345678901234567890123]", "[-0.0, 1E2]"]  # fmt: skip
 VALUES: list[Any] = [*STRINGS, 0, 7, -2.5, 1e-05, float("nan"), True, False, None, [], {},
                      [1, "a"], {"messages": [{"role": "user", "content": "hi"}]},
                      {"content": '{"a": 1}'}, Shown("plain"), Shown('{"a": 1}'), Shown('"x"'),

@@ -29,3 +29,24 @@ def test_compact_and_restore_round_trip() -> None:
 def test_restore_ignores_a_malformed_attribute() -> None:
     assert restore_lists({"a": 1}, None, "not json") == ({"a": 1}, None)
     assert restore_lists({"a": 1}, None, '{"inputs": [[["x", "y"], [1]]]}') == ({"a": 1}, None)
+
+
+def test_full_lists_are_written_as_json_writes_them() -> None:
+    """Whichever encoder writes them (orjson for token ids), the text is json.dumps's."""
+    import json
+
+    cases = [
+        [(["prompt_ids"], list(range(300)))],
+        [(["turns", 0, "token_ids"], [0, -1, 2**63 - 1, -(2**63)])],
+        [(["ids"], [2**64, 1])],  # past orjson's 64 bits
+        [(["logprobs"], [-0.5, 1e-05, 1e16, 0.1])],  # floats: spelled differently by orjson
+        [(["ids"], [1, 2.0])],
+        [(["prömpt_ids"], [1, 2])],  # json escapes non-ASCII
+        [(['a"b\\c\n'], [1, 2])],
+        [((1, True), [1, 2])],
+        [],
+    ]
+    for taken in cases:
+        for inputs, outputs in ((taken, []), ([], taken), (taken, taken)):
+            expected = json.dumps({"inputs": inputs, "outputs": outputs}, separators=(",", ":"))
+            assert encode_full_lists(inputs, outputs) == expected

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 FULL_LISTS_ATTRIBUTE = "rollout_tracer.full_lists"
 MIN_ITEMS = 16  # shorter lists are shown as they are
 EDGE = 5  # values shown at each end
@@ -78,8 +80,28 @@ def compact_lists(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]]]:
 
 def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
                       outputs: list[tuple[Path, list[Any]]]) -> str:  # fmt: skip
-    """One JSON string (a single line in a UI's attribute view) holding both sides."""
-    return json.dumps({"inputs": inputs, "outputs": outputs}, separators=(",", ":"))
+    """One JSON string (a single line in a UI's attribute view) holding both sides:
+    ``json.dumps(..., separators=(",", ":"))``. Token ids (ints, ASCII keys) go through orjson,
+    which writes them byte for byte the same at about twice the speed (the MLflow export
+    writes ~2,000 ids a trajectory); floats, where the two spell numbers differently, and
+    anything else through json."""
+    value = {"inputs": inputs, "outputs": outputs}
+    if _ints_only(inputs) and _ints_only(outputs):
+        try:
+            text = orjson.dumps(value)
+        except orjson.JSONEncodeError:  # an int past 64 bits
+            pass
+        else:
+            if text.isascii() and b"\\" not in text:  # no string json would escape otherwise
+                return text.decode()
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _ints_only(taken: list[tuple[Path, list[Any]]]) -> bool:
+    return all(
+        set(map(type, values)) == {int} and all(type(p) in (str, int) for p in path)
+        for path, values in taken
+    )
 
 
 def restore_lists(inputs: Any, outputs: Any, encoded: Any) -> tuple[Any, Any]:

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from tracer.backends.mlflow_bulk_copy import copy_batch
+from tracer.backends.mlflow_bulk_copy import copy_batch, toast_compression
 from tracer.backends.mlflow_bulk_rows import RowBuilder, TraceRows
 from tracer.credentials import store_address
 from tracer.record import TrajectoryRecord
@@ -221,6 +221,8 @@ class BulkWriter:
         # bind parameter per value.
         self.copy = store.db_type == "postgresql"
         self._packers: dict[tuple[str, ...], list[Any] | None] = {}  # binary COPY, by table
+        self._compression: str | None = None  # toast_compression's answer, asked once
+        self._compression_asked = False
         from sqlalchemy.dialects import sqlite
 
         self._inserts: dict[str, Any] = {
@@ -270,7 +272,10 @@ class BulkWriter:
                     self.rows.reward_row(t, now_ms) for t in traces if t.reward is not None
                 ]
                 with session.connection().connection.cursor() as cursor:
-                    copy_batch(cursor, rows, self.reward_name, self._packers)
+                    if not self._compression_asked:
+                        self._compression = toast_compression(cursor)
+                        self._compression_asked = True
+                    copy_batch(cursor, rows, self.reward_name, self._packers, self._compression)
                 return
             stored = self._stored(session, traces)
             new = [t for t in traces if t.trace_id not in stored]

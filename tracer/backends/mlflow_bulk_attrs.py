@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from tracer.backends.otel_spans import encode_all_json
 
 # Keys this tracer writes (tracer/backends/otel_spans.py, tracer/record_builder.py,
@@ -80,17 +82,27 @@ def stored_value(value: Any) -> str:
     if isinstance(value, str):
         # JSON of a number, true, false or null cannot start with these: MLflow keeps its
         # encoding, and most strings are decided without parsing them
-        if value.lstrip(_JSON_SPACE)[:1] in _OPENERS:
-            try:
-                json.loads(value)  # the parser MLflow uses: the same texts pass
-            except ValueError:  # json.JSONDecodeError: not JSON
-                pass
-            else:
-                return value
+        if value.lstrip(_JSON_SPACE)[:1] in _OPENERS and _is_json(value):
+            return value
         return encode_all_json("", value)
     encoded = encode_all_json("", value)
     # an object JSON cannot hold is written as its str() (``default=str``): a JSON string
     return _sanitized(encoded) if encoded[:1] == '"' else encoded
+
+
+def _is_json(text: str) -> bool:
+    """Whether ``json.loads`` (the parser MLflow uses) reads ``text``. orjson first: it reads
+    strict JSON only, a subset of what ``json.loads`` reads, ~4x faster (a generate span's
+    full token lists are kilobytes); what it refuses (NaN, a lone surrogate) goes to
+    ``json.loads``."""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:
+            json.loads(text)
+        except ValueError:  # json.JSONDecodeError: not JSON
+            return False
+    return True
 
 
 def _sanitized(encoded: str) -> str:

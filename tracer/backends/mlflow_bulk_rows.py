@@ -67,12 +67,14 @@ class RowBuilder:
         self.artifact_location = artifact_location
         self.trace_id_of = trace_id_of
         self.reward_name = reward_name
+        # json.dumps(cls=...) builds an encoder per call; this one keeps no state between calls
+        self._encoder = parts.TraceJSONEncoder(ensure_ascii=False)
 
     def _content(self, translated: dict[str, Any]) -> str:
         """The span's content JSON, byte for byte what MLflow's ``_log_spans_once`` writes
         (its encoder, its separators): MLflow's span-attribute filters (``span.attributes.x
         RLIKE ...``) match ``"key": "value"`` in this text, with the space."""
-        return json.dumps(translated, cls=self.m.TraceJSONEncoder, ensure_ascii=False)
+        return str(self._encoder.encode(translated))
 
     def reward_row(self, t: TraceRows, now_ms: int) -> dict[str, Any]:
         """What ``SqlAssessments.from_mlflow_entity`` makes of the reward ``Feedback``."""
