@@ -8,13 +8,15 @@ Per batch, inside the writer's transaction:
    RETURNING request_id`` then says which traces this batch created. A trace already stored
    (a replay, a retry, another writer first) is skipped: the first record stored wins, as on
    MLflow's own path;
-2. the tags, metadata and spans of the created traces are COPYed straight into MLflow's
-   tables. They cannot conflict: a trace's rows are written only in the transaction that
-   created its ``trace_info`` row (here and on MLflow's own path), and a second writer of the
-   same id waits on that row's unique index, then finds it stored;
-3. the rewards go through a staging table too, and in unless the trace already has an
-   assessment of that name, whichever path wrote it (``NOT EXISTS``, ``ON CONFLICT DO
-   NOTHING``).
+2. the tags, metadata, spans and rewards of the created traces are COPYed straight into
+   MLflow's tables. They cannot conflict: a trace's rows are written only in the transaction
+   that created its ``trace_info`` row (here and on MLflow's own path), and a second writer of
+   the same id waits on that row's unique index, then finds it stored; an assessment from
+   anywhere else needs the committed ``trace_info`` row (its foreign key), so a trace created
+   here has none yet;
+3. the rewards of traces stored before (a replay, a retry, another writer first) go through a
+   staging table, and in unless the trace already has an assessment of that name, whichever
+   path wrote it (``NOT EXISTS``, ``ON CONFLICT DO NOTHING``).
 
 The tags, metadata and spans go in COPY's binary format: PostgreSQL then reads each value by
 its length instead of scanning a span's kilobyte of JSON for backslash escapes, and the writer
@@ -75,33 +77,46 @@ def copy_batch(
         cursor.execute(_insert_select("info", list(rows["info"][0]), "RETURNING request_id"))
         created = {row[0] for row in cursor.fetchall()}
     if created:
-        for name in ("tags", "metadata", "spans"):
+        for name in ("tags", "metadata", "spans", "assessments"):
             id_column = TABLES[name][1]
             mine = [row for row in rows.get(name, ()) if row[id_column] in created]
             if mine:
-                table, columns = TABLES[name][0], list(mine[0])
-                key = (table, *columns)
-                if key not in packers:
-                    packers[key] = binary_columns(cursor, table, columns)
-                into = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-                if (packs := packers[key]) is not None:
-                    data = copy_binary(mine, columns, packs, _codec(cursor))
-                    cursor.copy_expert(f"{into} (FORMAT binary)", io.BytesIO(data))
-                else:
-                    cursor.copy_expert(into, io.StringIO(copy_text(mine, columns)))
-    if rows.get("assessments"):
+                _copy(cursor, TABLES[name][0], mine, packers)
+    # a reward for a trace stored before this batch: in unless the trace has one of that name
+    later = [row for row in rows.get("assessments", ()) if row["trace_id"] not in created]
+    if later:
         table = TABLES["assessments"][0]
-        _stage(cursor, "assessments", rows["assessments"])
+        _stage(cursor, "assessments", later)
         cursor.execute(
             _insert_select(
                 "assessments",
-                list(rows["assessments"][0]),
+                list(later[0]),
                 where=f"NOT EXISTS (SELECT 1 FROM {table} a WHERE a.trace_id = s.trace_id "
                 "AND a.name = %(name)s) AND s.name = %(name)s",
             ),
             {"name": reward_name},
         )
     return created
+
+
+def _copy(
+    cursor: Any,
+    table: str,
+    rows: list[dict[str, Any]],
+    packers: dict[tuple[str, ...], list[Any] | None],
+) -> None:
+    """``rows`` straight into ``table`` by one COPY: binary when the packer knows every
+    column's type, else text."""
+    columns = list(rows[0])
+    key = (table, *columns)
+    if key not in packers:
+        packers[key] = binary_columns(cursor, table, columns)
+    into = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+    if (packs := packers[key]) is not None:
+        data = copy_binary(rows, columns, packs, _codec(cursor))
+        cursor.copy_expert(f"{into} (FORMAT binary)", io.BytesIO(data))
+    else:
+        cursor.copy_expert(into, io.StringIO(copy_text(rows, columns)))
 
 
 def toast_compression(cursor: Any) -> str | None:

@@ -76,6 +76,14 @@ class RowBuilder:
         RLIKE ...``) match ``"key": "value"`` in this text, with the space."""
         return str(self._encoder.encode(translated))
 
+    def _model_dimension(self, value: Any) -> str | None:
+        """A span's model or provider column, as ``_log_spans_once`` makes it of the
+        attribute (None when the span has none: most spans, and an exception less to raise)."""
+        if value is None:
+            return None
+        m = self.m
+        return m.bounded_model_dimension(m._try_parse_json_string(value))  # type: ignore[no-any-return]
+
     def reward_row(self, t: TraceRows, now_ms: int) -> dict[str, Any]:
         """What ``SqlAssessments.from_mlflow_entity`` makes of the reward ``Feedback``."""
         value = float(t.reward)  # type: ignore[arg-type]
@@ -113,7 +121,10 @@ class RowBuilder:
         trace_id = self.trace_id_of(record.trace_id)
         trace_b64 = _b64(int(record.trace_id, 16), 16)
         spans: list[dict[str, Any]] = []
-        usage_nodes, cost_nodes = [], []
+        # (span id, parent id, stored attributes) per span: MLflow's usage and cost nodes are
+        # built only when a span holds usage or cost (with none, the totals are empty anyway)
+        tree: list[tuple[str, str | None, dict[str, Any]]] = []
+        has_usage = has_cost = False
         root: dict[str, Any] | None = None
         root_status: str | None = None
         session_id = user_id = None
@@ -131,8 +142,9 @@ class RowBuilder:
             else:
                 translated = _span_dict(record, span, trace_b64, parent_id, status, attrs)
             a = translated.get("attributes", {})
-            usage_nodes.append(m._span_aggregation_node(span_id, parent_id, a, keys.CHAT_USAGE))
-            cost_nodes.append(m._span_aggregation_node(span_id, parent_id, a, keys.LLM_COST))
+            tree.append((span_id, parent_id, a))
+            has_usage = has_usage or keys.CHAT_USAGE in a
+            has_cost = has_cost or keys.LLM_COST in a
             if session_id is None and (
                 sid := a.get(keys.SESSION_ID) or a.get(m.GenAiSemconvKey.CONVERSATION_ID)
             ):
@@ -161,12 +173,8 @@ class RowBuilder:
                     "input_cost": m.finite_float_or_none(cost.get("input_cost")),
                     "output_cost": m.finite_float_or_none(cost.get("output_cost")),
                     "total_cost": m.finite_float_or_none(cost.get("total_cost")),
-                    "model_name": m.bounded_model_dimension(
-                        m._try_parse_json_string(a.get(keys.MODEL))
-                    ),
-                    "model_provider": m.bounded_model_dimension(
-                        m._try_parse_json_string(a.get(keys.MODEL_PROVIDER))
-                    ),
+                    "model_name": self._model_dimension(a.get(keys.MODEL)),
+                    "model_provider": self._model_dimension(a.get(keys.MODEL_PROVIDER)),
                 }
             )
             if parent_id is None and root is None:
@@ -174,20 +182,25 @@ class RowBuilder:
         info = self._info(trace_id, record, spans, root, root_status)
         if session_id:
             info["session_id"] = session_id
-        for nodes, aggregate, columns, convert in (
+        for present, key, aggregate, columns, convert in (
             (
-                usage_nodes,
+                has_usage,
+                keys.CHAT_USAGE,
                 m.aggregate_usage_from_span_nodes,
                 m.TOKEN_COLUMN_BY_KEY,
                 m.token_count_or_none,
             ),
             (
-                cost_nodes,
+                has_cost,
+                keys.LLM_COST,
                 m.aggregate_cost_from_span_nodes,
                 m.COST_COLUMN_BY_KEY,
                 m.finite_float_or_none,
             ),
         ):
+            if not present:
+                continue
+            nodes = [m._span_aggregation_node(sid, pid, a, key) for sid, pid, a in tree]
             totals = aggregate(nodes) or {}
             for key, column in columns.items():
                 if (value := convert(totals.get(key))) is not None:
