@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import threading
 from pathlib import Path
@@ -384,6 +385,47 @@ def test_a_record_orjson_refuses_is_written_by_the_fallback() -> None:
     line = encode_record(record)  # orjson takes ints up to 64 bits: the json module writes it
     assert line == encode(record.to_dict())
     assert orjson.loads(line)["spans"][0]["attributes"] == {"big": 2**70, "ok": [1, 2]}
+
+
+# Lines json reads that orjson refuses, reads otherwise, or reads the same: a record's line is
+# read by json.loads' rules whichever parser reads it
+TRICKY_LINES = [
+    b'{"a": NaN, "b": Infinity, "c": -Infinity}',
+    b"[1e400, -1e400]",
+    b"[1180591620717411303425, -9223372036854775809, 18446744073709551616]",
+    b"[9223372036854775807, -9223372036854775808, 18446744073709551615, 1796535734698384624]",
+    b'["\\ud800", "\\udfff x"]',
+    '{"k\u00e9y": "\u00fcnicode \u2028 \U0001f600", "\u65e5": ["\\u00e9"]}'.encode(),
+    b'{"n": {"m": [{"o": [1, 2.5, -0, -0.0, 1E5, 1e-05, 0.1]}]}, "n": 2}',
+    b'{"digits": "123456789012345678901234567890", "id": "-1234567890123456789"}',
+    b"[1.00000000000000000000000000001, 123456789012345678901234567890.5]",
+    b'  {"a": [true, false, null, ""]}  ',
+]
+
+
+@pytest.mark.parametrize("line", TRICKY_LINES)
+def test_a_line_reads_as_json_reads_it(line: bytes) -> None:
+    from tracer.encode import decode
+
+    # repr: an int is not a float of the same value, nan is nan
+    assert repr(decode(line)) == repr(json.loads(line))
+
+
+def test_the_export_child_reads_a_fallback_line_as_it_was_written() -> None:
+    """A record orjson cannot write (an int past 64 bits) is written by json, NaN and all: the
+    export child reads it back with its exact int and its NaN, as json does."""
+    from tracer.backends.export_process import _record
+
+    span = SpanRecord("0" * 16, None, "trajectory", "trajectory", 1, 2,
+                      attributes={"big": 2**70 + 1, "nan": float("nan"), "neg": -(2**63) - 1})  # fmt: skip
+    record = TrajectoryRecord("a" * 32, "trajectory", "p", "e", 0, 0, 0, False, "w", 1, 2,
+                              spans=[span])  # fmt: skip
+    line = encode_record(record)
+    assert b"NaN" in line
+    attributes = _record(line).spans[0].attributes
+    assert attributes["big"] == 2**70 + 1 and type(attributes["big"]) is int
+    assert attributes["neg"] == -(2**63) - 1 and type(attributes["neg"]) is int
+    assert attributes["nan"] != attributes["nan"]
 
 
 def _holds_fragments(x: Any) -> bool:

@@ -45,3 +45,24 @@ def encode_record(record: TrajectoryRecord) -> bytes:
         return memoryview(orjson.dumps(record, default=str, option=_OPTIONS)).tobytes()
     except TypeError:
         return encode(record.to_dict())
+
+
+# A line's digits and minus signs as zeros: an integer orjson cannot hold (past 64 bits) is 20
+# of them in a row, or a sign and 19
+_NUMBER_CHARS = bytes.maketrans(b"0123456789-", b"0" * 11)
+_LONG_NUMBER = b"0" * 20
+
+
+def decode(line: bytes) -> Any:
+    """What ``json.loads`` reads of ``line``, read by orjson where orjson reads the same (2-3x
+    faster on a record's line). orjson refuses some of what json reads (NaN and Infinity, which
+    the standard library's fallback in :func:`encode` writes, 1e400, a lone surrogate's
+    escape): json reads those. It would read an integer past 64 bits as a float: a line with a
+    run of 20 digits (or a sign and 19) goes to json whole, a false alarm (a long digit string)
+    costing only json's speed."""
+    if _LONG_NUMBER in line.translate(_NUMBER_CHARS):
+        return json.loads(line)
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)

@@ -135,9 +135,9 @@ def store_unavailable(exc: BaseException) -> bool:
 
 
 def _record(line: bytes) -> TrajectoryRecord:
-    import orjson
+    from tracer.encode import decode
 
-    return TrajectoryRecord.from_dict(orjson.loads(line))
+    return TrajectoryRecord.from_dict(decode(line))
 
 
 def _detail(exc: BaseException) -> str:
