@@ -33,20 +33,26 @@ _NUMBER_TYPES = frozenset({int, float})  # not bool: a list of flags is not per-
 _LEAVES = frozenset({str, int, float, bool, type(None)})  # nothing inside to summarize
 
 
-def _is_number_list(value: Any) -> bool:
+def _number_types(value: Any) -> set[type] | None:
+    """The item types of a list of per-token numbers (ints and floats, at least
+    :data:`MIN_ITEMS` of them), else None."""
+    if not isinstance(value, list) or len(value) < MIN_ITEMS:
+        return None
     # the item types collected at C speed (a generator over a 1,000-id list was ~15% of an
-    # MLflow export)
-    return (
-        isinstance(value, list)
-        and len(value) >= MIN_ITEMS
-        and set(map(type, value)) <= _NUMBER_TYPES
-    )
+    # MLflow export), once: the summary and the full lists' encoder use them too
+    types = set(map(type, value))
+    return types if types <= _NUMBER_TYPES else None
 
 
 def summary(values: list[Any]) -> str:
     """``"412 items: [1, 2, 3, 4, 5, …, 8, 9, 10, 11, 12]"``."""
+    return _summary(values, ints=False)
 
+
+def _summary(values: list[Any], *, ints: bool) -> str:
     def fmt(xs: list[Any]) -> str:
+        if ints:  # known to be ints: no type to look at
+            return ", ".join(map(str, xs))
         return ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in xs)
 
     return f"{len(values)} items: [{fmt(values[:EDGE])}, …, {fmt(values[-EDGE:])}]"
@@ -55,17 +61,38 @@ def summary(values: list[Any]) -> str:
 def compact_lists(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]]]:
     """A copy of ``value`` with long per-token lists summarized, and the ``(path, list)``
     pairs that were taken out. ``value`` itself is not changed."""
+    compacted, taken, _ = _compact(value)
+    return compacted, taken
+
+
+def compact_view(inputs: Any, outputs: Any) -> tuple[Any, Any, str | None]:
+    """:func:`compact_lists` of a span's inputs and outputs, and :func:`encode_full_lists` of
+    the lists taken out of them (None when none was), each list's item types looked at once."""
+    inputs, taken_in, ints_in = _compact(inputs)
+    outputs, taken_out, ints_out = _compact(outputs)
+    if not taken_in and not taken_out:
+        return inputs, outputs, None
+    return inputs, outputs, _encode(taken_in, taken_out, ints_only=ints_in and ints_out)
+
+
+def _compact(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]], bool]:
+    """:func:`compact_lists`, and whether every list taken holds ints only, at a path of str
+    and int keys (:func:`_ints_only`)."""
     taken: list[tuple[Path, list[Any]]] = []
+    ints_only = True
 
     def walk(node: Any, path: Path) -> Any:
+        nonlocal ints_only
         if isinstance(node, dict):
             out = {}
             for key, child in node.items():
                 if type(child) in _LEAVES:  # most values: no path to build, nothing to walk
                     out[key] = child
-                elif _is_token_key(key) and _is_number_list(child):
+                elif _is_token_key(key) and (types := _number_types(child)) is not None:
+                    ints = types == {int}
                     taken.append(([*path, key], child))
-                    out[key] = summary(child)
+                    ints_only = ints_only and ints and all(type(p) in (str, int) for p in path)
+                    out[key] = _summary(child, ints=ints)
                 else:
                     out[key] = walk(child, [*path, key])
             return out
@@ -75,7 +102,7 @@ def compact_lists(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]]]:
             return [walk(child, [*path, i]) for i, child in enumerate(node)]
         return node
 
-    return walk(value, []), taken
+    return walk(value, []), taken, ints_only
 
 
 def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
@@ -85,8 +112,13 @@ def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
     which writes them byte for byte the same at about twice the speed (the MLflow export
     writes ~2,000 ids a trajectory); floats, where the two spell numbers differently, and
     anything else through json."""
+    return _encode(inputs, outputs, ints_only=_ints_only(inputs) and _ints_only(outputs))
+
+
+def _encode(inputs: list[tuple[Path, list[Any]]], outputs: list[tuple[Path, list[Any]]], *,
+            ints_only: bool) -> str:  # fmt: skip
     value = {"inputs": inputs, "outputs": outputs}
-    if _ints_only(inputs) and _ints_only(outputs):
+    if ints_only:
         try:
             text = orjson.dumps(value)
         except orjson.JSONEncodeError:  # an int past 64 bits

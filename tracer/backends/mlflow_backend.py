@@ -36,7 +36,7 @@ from tracer.config import TraceConfig
 from tracer.credentials import store_address
 from tracer.ids import attempt_trace_id
 from tracer.record import SpanRecord, TrajectoryRecord
-from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_lists, encode_full_lists
+from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_view
 from tracer.tokens import LOGPROBS_ATTR
 
 log = logging.getLogger("tracer")
@@ -423,11 +423,9 @@ def mlflow_view(record: TrajectoryRecord) -> TrajectoryRecord:
             span = dataclasses.replace(
                 span, attributes={**span.attributes, "session.id": session_id(record)}
             )
-        inputs, taken_in = compact_lists(span.inputs)
-        outputs, taken_out = compact_lists(span.outputs)
-        if taken_in or taken_out:
-            attrs = {**span.attributes,
-                     FULL_LISTS_ATTRIBUTE: encode_full_lists(taken_in, taken_out)}  # fmt: skip
+        inputs, outputs, full_lists = compact_view(span.inputs, span.outputs)
+        if full_lists is not None:
+            attrs = {**span.attributes, FULL_LISTS_ATTRIBUTE: full_lists}
             span = dataclasses.replace(span, inputs=inputs, outputs=outputs, attributes=attrs)
         spans.append(span)
     return dataclasses.replace(record, spans=spans)
