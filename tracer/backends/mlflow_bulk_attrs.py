@@ -19,6 +19,7 @@ version, every inert key against MLflow's translation, with values of every shap
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring
 from typing import Any
 
 import orjson
@@ -84,7 +85,8 @@ def stored_value(value: Any) -> str:
         # encoding, and most strings are decided without parsing them
         if value.lstrip(_JSON_SPACE)[:1] in _OPENERS and _is_json(value):
             return value
-        return encode_all_json("", value)
+        # encode_all_json's encoder writes a str with this one C function (ensure_ascii off)
+        return encode_basestring(value)
     encoded = encode_all_json("", value)
     # an object JSON cannot hold is written as its str() (``default=str``): a JSON string
     return _sanitized(encoded) if encoded[:1] == '"' else encoded
