@@ -5,7 +5,8 @@
 One process, one throwaway PostgreSQL, the trajectories benchmarks/ingest.py makes (20 spans).
 
 - **writer**: what the export child does with a batch, stage by stage, in CPU microseconds a
-  trace (``time.process_time``, the best of three rounds): read the batch's JSON lines back
+  trace (``time.process_time``, the best of three rounds; the process's long-lived objects
+  frozen out of the garbage collector's passes, as in the child): read the batch's JSON lines back
   into records, MLflow's view of them (``mlflow_view``), MLflow's rows (``RowBuilder.trace``;
   it says how many spans went through MLflow's own attribute translation), the COPY data, and
   the whole ``BulkWriter.write`` (rows, COPY data and the round trips);
@@ -115,6 +116,7 @@ def _schema(uri: str) -> dict[str, tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.ingest_procs import tree_cpu_s
     from benchmarks.postgres import postgres_available, temporary_cluster
+    from tracer.backends.export_process import freeze_long_lived
     from tracer.backends.mlflow_backend import MlflowExporter, mlflow_view
     from tracer.config import TraceConfig
 
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         config = TraceConfig(backend=None, tracking_uri=stages_uri, project_name="profile")
         writer = MlflowExporter(config).bulk
         assert writer is not None
+        freeze_long_lived()  # as the export child does once its backend is made
         print(f"## writer: CPU us a trace of 20 spans ({a.n} traces, batches of {a.batch})")
         for stage, us in _writer(writer, records, a.batch).items():
             print(f"  {stage:40s} {us:8.1f}")
