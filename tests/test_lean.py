@@ -416,8 +416,8 @@ def test_the_export_child_reads_a_fallback_line_as_it_was_written() -> None:
     export child reads it back with its exact int and its NaN, as json does."""
     from tracer.backends.export_process import _record
 
-    span = SpanRecord("0" * 16, None, "trajectory", "trajectory", 1, 2,
-                      attributes={"big": 2**70 + 1, "nan": float("nan"), "neg": -(2**63) - 1})  # fmt: skip
+    attributes = {"big": 2**70 + 1, "nan": float("nan"), "neg": -(2**63) - 1}
+    span = SpanRecord("0" * 16, None, "trajectory", "trajectory", 1, 2, attributes=attributes)
     record = TrajectoryRecord("a" * 32, "trajectory", "p", "e", 0, 0, 0, False, "w", 1, 2,
                               spans=[span])  # fmt: skip
     line = encode_record(record)

@@ -345,6 +345,28 @@ def test_replay_after_mlflow_path_does_not_add_a_second_reward(
     assert _counts(mlflow_uri) == first
 
 
+@pytest.mark.slow
+def test_a_batch_of_stored_and_new_traces_adds_each_reward_once_on_postgresql(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL: the rewards of traces a batch creates go straight in, those of traces stored
+    before (by MLflow's own path, or by an earlier batch) are looked up by name: a batch that
+    mixes them stores what one plain export stores."""
+    from benchmarks.postgres import postgres_available, temporary_postgres
+
+    if why := postgres_available():
+        pytest.skip(why)
+    records = _records()
+    with temporary_postgres("once", "mixed") as (once_uri, mixed_uri):
+        _exporter(once_uri, monkeypatch, bulk=True).export(records)
+        _exporter(mixed_uri, monkeypatch, bulk=False).export(records[:2])
+        exporter = _exporter(mixed_uri, monkeypatch, bulk=True)
+        exporter.export(records[1:3])  # one trace stored by MLflow's path, one new
+        exporter.export(list(reversed(records)), replay=True)  # three stored, one new
+        assert _counts(mixed_uri) == _counts(once_uri)
+        assert _counts(once_uri)[2].count(["reward"]) == 2
+
+
 def test_a_failed_batch_stores_nothing_of_it(mlflow_uri: str, monkeypatch: pytest.MonkeyPatch):
     """One transaction: a batch that fails half-way (here: on the assessments insert) leaves no
     trace behind, and its retry stores every trace once."""
