@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from tracer.token_lists import compact_lists, encode_full_lists, restore_lists
+from tracer.token_lists import compact_lists, compact_view, encode_full_lists, restore_lists
 
 
 def test_compact_and_restore_round_trip() -> None:
@@ -50,3 +50,27 @@ def test_full_lists_are_written_as_json_writes_them() -> None:
         for inputs, outputs in ((taken, []), ([], taken), (taken, taken)):
             expected = json.dumps({"inputs": inputs, "outputs": outputs}, separators=(",", ":"))
             assert encode_full_lists(inputs, outputs) == expected
+
+
+def test_the_view_of_a_span_is_compact_lists_and_its_full_lists() -> None:
+    """compact_view looks at each list's item types once; it gives what compact_lists and
+    encode_full_lists give, whatever the lists hold and wherever they are."""
+    sides = [
+        None,
+        "text",
+        {"prompt_ids": list(range(300)), "turn": 0},
+        {"response_ids": list(range(64)), "logprobs": [-0.5, 1e-05, 1e16] * 6},
+        {"ids": [2**64, *range(20)]},  # past orjson's 64 bits
+        {"prömpt_ids": list(range(20)), "mask": [1, 0] * 10},  # json escapes non-ASCII
+        {'a"b\\c\n': {"token_ids": list(range(16))}},
+        {"turns": [{"token_ids": list(range(20))}, {"token_ids": [1.5] * 16}]},
+        {1: {"ids": list(range(16))}, None: {"ids": list(range(16))}, 1.5: {"ids": [3] * 16}},
+        {"flags_ids": [True] * 20, "short_ids": [1, 2]},  # not numbers, too short
+        [{"ids": list(range(17))}, "x", 3],
+    ]
+    for inputs in sides:
+        for outputs in sides:
+            shown_in, taken_in = compact_lists(inputs)
+            shown_out, taken_out = compact_lists(outputs)
+            full = encode_full_lists(taken_in, taken_out) if taken_in or taken_out else None
+            assert compact_view(inputs, outputs) == (shown_in, shown_out, full)

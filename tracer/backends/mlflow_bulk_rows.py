@@ -182,7 +182,7 @@ class RowBuilder:
         info = self._info(trace_id, record, spans, root, root_status)
         if session_id:
             info["session_id"] = session_id
-        for present, key, aggregate, columns, convert in (
+        for present, attribute, aggregate, columns, convert in (
             (
                 has_usage,
                 keys.CHAT_USAGE,
@@ -200,7 +200,7 @@ class RowBuilder:
         ):
             if not present:
                 continue
-            nodes = [m._span_aggregation_node(sid, pid, a, key) for sid, pid, a in tree]
+            nodes = [m._span_aggregation_node(sid, pid, a, attribute) for sid, pid, a in tree]
             totals = aggregate(nodes) or {}
             for key, column in columns.items():
                 if (value := convert(totals.get(key))) is not None:
