@@ -90,8 +90,8 @@ def _compact(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]], bool]:
                     out[key] = child
                 elif _is_token_key(key) and (types := _number_types(child)) is not None:
                     ints = types == {int}
-                    taken.append(([*path, key], child))
-                    ints_only = ints_only and ints and all(type(p) in (str, int) for p in path)
+                    taken.append((where := [*path, key], child))
+                    ints_only = ints_only and ints and _plain_path(where)
                     out[key] = _summary(child, ints=ints)
                 else:
                     out[key] = walk(child, [*path, key])
@@ -130,10 +130,12 @@ def _encode(inputs: list[tuple[Path, list[Any]]], outputs: list[tuple[Path, list
 
 
 def _ints_only(taken: list[tuple[Path, list[Any]]]) -> bool:
-    return all(
-        set(map(type, values)) == {int} and all(type(p) in (str, int) for p in path)
-        for path, values in taken
-    )
+    return all(set(map(type, values)) == {int} and _plain_path(path) for path, values in taken)
+
+
+def _plain_path(path: Path) -> bool:
+    """Every key on ``path`` a plain str or int: orjson writes it as json does."""
+    return all(type(p) in (str, int) for p in path)
 
 
 def restore_lists(inputs: Any, outputs: Any, encoded: Any) -> tuple[Any, Any]:
