@@ -31,12 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     parser.add_argument("--rate", type=float, default=12.0,
                         help="trajectories a second per rollout process (the suite runs 6)")
+    parser.add_argument("--busy", type=float, default=0.5,
+                        help="share of the time each rollout process's busy thread holds the "
+                             "GIL (the suite runs 0.25)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if not 0 < args.busy <= 1:
+        parser.error("--busy is a share of the time: more than 0, at most 1")
     if not seeds or args.seconds < 50:
         parser.error("give at least one seed and --seconds >= 50 (the schedule needs the room)")
     env = dict(os.environ, CHAOS_SECONDS=str(args.seconds), CHAOS_RATE=str(args.rate),
-               CHAOS_SEEDS=",".join(map(str, seeds)))  # fmt: skip
+               CHAOS_SEEDS=",".join(map(str, seeds)), CHAOS_BUSY=str(args.busy))  # fmt: skip
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-s", "-q",
            "--durations=0", "tests/test_chaos.py"]  # fmt: skip
     return subprocess.call(cmd, cwd=ROOT, env=env)

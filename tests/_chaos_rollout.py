@@ -25,14 +25,17 @@ from typing import Any
 import tracer
 
 
-def spin() -> None:
-    """A busy Python thread (the rollout's own work): it holds the GIL in 20 ms bursts, half
-    the time, so two of these test processes leave the 2-core machine's suite some CPU."""
+def spin(busy: float) -> None:
+    """A busy Python thread (the rollout's own work): it holds the GIL in 20 ms bursts, a
+    ``busy`` share of the time (the suite 0.25, so that its two processes leave the 2-core
+    machine's other tests CPU: at 0.5 they were ~65 of the suite's ~1,220 CPU-seconds;
+    ``python -m benchmarks.chaos``'s soak 0.5)."""
+    pause = 0.02 * (1 - busy) / busy
     while True:
         until = time.monotonic() + 0.02
         while time.monotonic() < until:
             pass
-        time.sleep(0.02)
+        time.sleep(pause)
 
 
 def slow_disk(flag: Path) -> None:
@@ -82,14 +85,14 @@ def rollout(worker: int, i: int) -> None:
 
 
 def main() -> None:
-    ledger_path, uri, spool, worker, rate, slow = sys.argv[1:7]
+    ledger_path, uri, spool, worker, rate, slow, busy = sys.argv[1:8]
     slow_disk(Path(slow))
     tracer.init(
         backend="mlflow", tracking_uri=uri, project_name="chaos", spool_dir=spool,
         flush_interval_s=0.2, export_batch_size=20, replay_interval_s=0.5,
         export_max_retries=1, export_timeout_s=5.0, shutdown_timeout_s=60.0,
     )  # fmt: skip
-    threading.Thread(target=spin, daemon=True).start()
+    threading.Thread(target=spin, args=(float(busy),), daemon=True).start()
     period = 1.0 / float(rate)
     ledger = os.open(ledger_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     i = 0

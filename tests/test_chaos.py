@@ -58,6 +58,9 @@ SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1").split(",")]
 # trajectories a second per rollout process: 6 in the suite (the server's ingest of both
 # processes is half a core at 12; the faults overlap the same at 6), 12 in the soak
 RATE = float(os.environ.get("CHAOS_RATE", "6"))
+# the share of the time each rollout process's busy thread holds the GIL (20 ms bursts): 0.25
+# in the suite (its CPU is the 2-core suite's to share), 0.5 in the soak
+BUSY = float(os.environ.get("CHAOS_BUSY", "0.25"))
 GRACE_S = 2.0  # what finished this close to its process's SIGKILL may be lost
 
 
@@ -71,7 +74,7 @@ class Rollout:
         self.log = open(tmp / f"rollout-{worker}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests._chaos_rollout", str(self.ledger), uri, str(spool),
-             str(worker), str(RATE), str(slow)],
+             str(worker), str(RATE), str(slow), str(BUSY)],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=Path(__file__).resolve().parent.parent,
         )  # fmt: skip
