@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,10 +76,29 @@ def _export_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
         monkeypatch.setenv("ROLLOUT_TRACER_EXPORT_IN_SUBPROCESS", "false")
 
 
+@pytest.fixture(scope="session")
+def _empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """An empty MLflow sqlite store, made by MLflow once per pytest process (None without
+    MLflow). Each new store runs MLflow's schema migrations, ~0.75 CPU-s; the ~150 tests that
+    take ``mlflow_uri`` paid them each (#58). A store made from nothing is still tested where
+    that is the point: the main job, the CLI's first hour, test_multiprocess_sqlite's race."""
+    if importlib.util.find_spec("mlflow") is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("empty-mlflow") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # creates, migrates
+    return path
+
+
 @pytest.fixture
-def mlflow_uri(tmp_path: Path) -> str:
-    """A real, empty MLflow sqlite store for this test."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def mlflow_uri(tmp_path: Path, _empty_mlflow_db: Path | None) -> str:
+    """A real, empty MLflow sqlite store for this test: a copy of the one MLflow made (the
+    same file a new store is, its Default experiment included)."""
+    path = tmp_path / "mlflow.db"
+    if _empty_mlflow_db is not None:
+        shutil.copyfile(_empty_mlflow_db, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(scope="session")
