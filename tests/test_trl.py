@@ -1,10 +1,13 @@
 """TRL's GRPOTrainer traced with one line (tracer.trl.trace), for real: TRL 1.16.0 on the CPU,
-SmolLM2-135M-Instruct, 2 steps on the project's math problems with a calculator tool, traced
+SmolLM2-135M-Instruct, one step on the project's math problems with a calculator tool, traced
 into a real MLflow store and read back with MLflow's client, against TRL's own
 ``completions_*.parquet`` (``log_completions=True``).
 
-One training run (2 steps of one GRPO group of 4: ~3 min quiet, ~5 GB) shared by every
-assertion of this module.
+One training run (one step of one GRPO group of 4: ~45 CPU-s, ~5 GB) shared by every
+assertion of this module. What needs two steps (counters that add up over steps, each step's
+live analysis, the weights a later step sampled with) is checked on the two steps of
+tests/test_trl_reward_hack.py's run, with a tiny random model (#58: the second SmolLM2 step
+was ~40 of the suite's CPU-seconds).
 
 Tool calls: the 135M model never calls a tool by itself, so in this test the FIRST turn of two
 completions per group is forced (TEST-ONLY, below: ``_force_first_turn``): their generated ids
@@ -26,7 +29,7 @@ pytest.importorskip("trl")
 pytest.importorskip("mlflow")
 from tests.conftest import search_traces
 
-# one xdist worker runs the whole module: the 2-step training (its module fixture) runs once,
+# one xdist worker runs the whole module: the training (its module fixture) runs once,
 # not once per worker (the suite's first run with this file trained three times: +15 min)
 pytestmark = pytest.mark.xdist_group("trl")
 
@@ -134,7 +137,7 @@ def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     data = _dataset()
     _EXPRESSIONS.update({r["prompt"][-1]["content"]: r["expression"] for r in data})
     args = GRPOConfig(
-        output_dir=str(tmp / "out"), max_steps=2, per_device_train_batch_size=BATCH,
+        output_dir=str(tmp / "out"), max_steps=1, per_device_train_batch_size=BATCH,
         num_generations=NUM_GENERATIONS, max_completion_length=72, logging_steps=1,
         log_completions=True, report_to=[], save_strategy="no", use_cpu=True, seed=0,
         learning_rate=1e-6, temperature=1.0,
@@ -191,7 +194,7 @@ def test_every_logged_completion_is_a_trace_with_its_text_rewards_and_advantage(
     grpo_run: dict[str, Any], traces: dict[tuple[int, int, int], Any]
 ) -> None:
     logged = grpo_run["logged"]
-    assert len(grpo_run["files"]) == 2 and len(logged) == 2 * BATCH
+    assert len(grpo_run["files"]) == 1 and len(logged) == BATCH
     assert len(traces) == len(logged)
     for row, step in zip(logged.itertuples(), logged["step"], strict=True):
         index = row.Index % BATCH
@@ -240,8 +243,8 @@ def test_tool_calls_are_spans_with_arguments_results_and_failures(
 @pytest.mark.slow(seconds=240)
 def test_tracer_counters_reach_trl_log(grpo_run: dict[str, Any]) -> None:
     history = [h for h in grpo_run["trainer"].state.log_history if "loss" in h]
-    assert len(history) == 2
-    assert [h["tracer/trl_completions"] for h in history] == [BATCH, 2 * BATCH]
+    assert len(history) == 1
+    assert [h["tracer/trl_completions"] for h in history] == [BATCH]
     assert history[-1]["tracer/submitted"] >= BATCH
 
 
@@ -256,7 +259,7 @@ def test_the_live_analysis_reaches_trl_log(grpo_run: dict[str, Any]) -> None:
     history = [h for h in grpo_run["trainer"].state.log_history if "loss" in h]
     tables = read_tables("mlflow", experiment=EXPERIMENT, tracking_uri=grpo_run["uri"])
     found = step_patterns(tables.trajectories)
-    assert [h["step"] for h in history] == found.steps == [1, 2]
+    assert [h["step"] for h in history] == found.steps == [1]
     for h in history:
         assert h["tracer/live_step_trajectories"] == BATCH
         assert h["tracer/stuck_trajectories"] == 0

@@ -56,12 +56,21 @@ def test_the_example_runs_traced_with_the_live_metric_in_trls_logs(
     assert ex.main(args + (["--fixed"] if fixed else [])) == 0
     history = [json.loads(line) for line in (out / "log_history.jsonl").open()]
     steps = [h for h in history if "loss" in h]
-    assert len(steps) == 2
-    for h in steps:  # the live analysis, in the logs TRL hands its trackers
+    assert [h["step"] for h in steps] == [1, 2]
+    # the tracer's counters add up over the steps (tests/test_trl.py, with SmolLM2, trains one)
+    assert [h["tracer/trl_completions"] for h in steps] == [4, 8]
+    for h in steps:  # the live analysis, in the logs TRL hands its trackers, step by step
         assert 0.0 <= h["patterns/unearned_reward_share"] <= 1.0
         assert h["rewards/grader/mean"] >= 0.0 and "rewards/accuracy/mean" in h
+        assert h["tracer/live_step_trajectories"] == 4 and h["tracer/stuck_trajectories"] == 0
+        assert 0 < h["timing/generate_share"] <= 1
     records = [json.loads(line) for line in (out / "traces.jsonl").open()]
     assert len(records) == 2 * 4
+    from tracer.readers import iter_records
+
+    read = [r for page in iter_records("jsonl", path=str(out / "traces.jsonl")) for r in page]
+    # the weights that sampled each completion: the step before its own
+    assert sorted((r.step, str(r.policy_version)) for r in read) == [(1, "0")] * 4 + [(2, "1")] * 4
     capsys.readouterr()
     assert main(["flags", "--from", "jsonl", "--path", str(out / "traces.jsonl"), "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
