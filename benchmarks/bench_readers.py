@@ -33,9 +33,10 @@ COMMANDS = {
 
 def _prepare(tmp: Path) -> None:
     import tracer
+    from benchmarks.common import mlflow_store
     from tests import export_agent
 
-    tracer.init({"backend": "mlflow", "tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}",
+    tracer.init({"backend": "mlflow", "tracking_uri": mlflow_store(tmp),
                  "project_name": "rollout-tracer", "token2text": True,
                  "spool_dir": str(tmp / ".rollout-tracer" / "spool")})  # fmt: skip
     tracer.register_tokenizer(export_agent.WordTokenizer())
