@@ -217,7 +217,7 @@ def mlflow_fluent(n: int, uri: str, experiment: str = EXPERIMENT) -> dict[str, A
 
 
 def run(quick: bool) -> dict[str, Any]:
-    n = 40 if quick else 1000  # quick: the report's shape, not a measurement
+    n = 10 if quick else 1000  # quick: the report's shape, not a measurement
     out: dict[str, Any] = {"n": n}
     # one spawned process serves every MLflow fluent run (each imports MLflow once: ~4 s of CPU)
     with multiprocessing.get_context("spawn").Pool(1) as pool, \

@@ -92,7 +92,7 @@ def _export_section(quick: bool) -> str:
     """Section 5: export to Parquet (time and peak memory), from bench_export.py."""
     import subprocess
 
-    n, mlflow_n = (200, 50) if quick else (10_000, 2000)
+    n, mlflow_n = (200, 10) if quick else (10_000, 2000)
     print(f"[benchmarks] export ({n} from JSONL, {mlflow_n} from MLflow) ...", file=sys.stderr,
           flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
