@@ -36,9 +36,10 @@ def _prepare(tmp: Path, n: int, mlflow_n: int) -> None:
         from mlflow.tracing.client import TracingClient
         from mlflow.tracking import MlflowClient
 
+        from benchmarks.common import mlflow_store
         from tracer.backends.mlflow_backend import mlflow_view, to_mlflow_spans
 
-        uri = f"sqlite:///{tmp / 'mlflow.db'}"
+        uri = mlflow_store(tmp)
         exp_id = MlflowClient(uri).create_experiment("big")
         client = TracingClient(uri)
         for i in range(0, mlflow_n, 1000):

@@ -33,11 +33,15 @@ COMMANDS = {
 
 def _prepare(tmp: Path) -> None:
     import tracer
+    from benchmarks.common import mlflow_store
     from tests import export_agent
 
-    tracer.init({"backend": "mlflow", "tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}",
+    # the export in this process: the same rows as the default's export child, one MLflow
+    # start fewer (~2.5 CPU-s; the store is the input here, the commands below the figures)
+    tracer.init({"backend": "mlflow", "tracking_uri": mlflow_store(tmp),
                  "project_name": "rollout-tracer", "token2text": True,
-                 "spool_dir": str(tmp / ".rollout-tracer" / "spool")})  # fmt: skip
+                 "spool_dir": str(tmp / ".rollout-tracer" / "spool"),
+                 "export_in_subprocess": False})  # fmt: skip
     tracer.register_tokenizer(export_agent.WordTokenizer())
     export_agent.run([1, 2])  # 2 steps x 3 samples x 2 rollouts = 12 trajectories
     assert tracer.flush(timeout_s=120)

@@ -187,18 +187,27 @@ def section_main(run: Callable[[bool], dict[str, Any]]) -> None:
 _TEMPLATE_ENV = "BENCH_MLFLOW_TEMPLATE"
 
 
+def share_store_template(directory: str | Path) -> None:
+    """Name one template file in ``directory`` for this process and the sections it starts
+    (they inherit the variable): the first :func:`mlflow_store` makes it, the others copy
+    it. Nothing is made here: a run whose sections need no store never imports MLflow."""
+    os.environ[_TEMPLATE_ENV] = str(Path(directory) / "template-mlflow.db")
+
+
 def mlflow_store(directory: str | Path, name: str = "mlflow.db") -> str:
     """A fresh, empty MLflow sqlite store in ``directory``. Creating one runs MLflow's schema
-    migrations (seconds), so the first one is kept as a template and copied afterwards."""
+    migrations (about 1 CPU-s), so the first one is kept as a template and copied afterwards:
+    at ``$BENCH_MLFLOW_TEMPLATE`` when set (:func:`share_store_template`), else beside it."""
     import shutil
 
     target = Path(directory) / name
-    template = os.environ.get(_TEMPLATE_ENV)
-    if not template or not Path(template).exists():
-        template = str(Path(directory) / f".template-{name}")
+    template = os.environ.get(_TEMPLATE_ENV) or str(Path(directory) / f".template-{name}")
+    if not Path(template).exists():
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
+        partial = f"{template}.{os.getpid()}.partial"  # a section that dies leaves no half
+        MlflowClient(tracking_uri=f"sqlite:///{partial}").search_experiments()
+        os.replace(partial, template)
         os.environ[_TEMPLATE_ENV] = template
     shutil.copyfile(template, target)
     return f"sqlite:///{target}"

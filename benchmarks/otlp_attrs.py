@@ -97,7 +97,7 @@ def otel(n: int) -> tuple[float, int, int]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    n, reps = (200, 3) if quick else (1000, 7)
+    n, reps = (50, 3) if quick else (1000, 7)
     recs = records(n)
     out: dict[str, Any] = {"n": n, "reps": reps, "variants": {}}
     for key, (label, conventions) in VARIANTS.items():
