@@ -83,7 +83,9 @@ def _writer_log() -> list[str]:
 
 def ours(n: int, uri: str, bulk: bool = True) -> dict[str, Any]:
     """Our MLflow backend; ``bulk=False`` makes it write through MLflow's own ``log_spans``
-    (the path it falls back to on an MLflow version the bulk writer was not tested with)."""
+    (the path it falls back to on an MLflow version the bulk writer was not tested with). That
+    run exports in this process: the export child would open its own bulk writer, and the row
+    would time the bulk path under the fallback's name."""
     import tracer
     from tracer.backends import mlflow_backend
 
@@ -91,9 +93,11 @@ def ours(n: int, uri: str, bulk: bool = True) -> dict[str, Any]:
     real_open = mlflow_backend.open_bulk_writer
     if not bulk:
         mlflow_backend.open_bulk_writer = lambda *a, **k: None  # type: ignore[assignment]
-    tracer.init(
-        {"backend": "mlflow", "tracking_uri": uri, "project_name": EXPERIMENT, "token2text": False}
-    )
+    config = {"backend": "mlflow", "tracking_uri": uri, "project_name": EXPERIMENT,
+              "token2text": False}  # fmt: skip
+    if not bulk:
+        config["export_in_subprocess"] = False
+    tracer.init(config)
     t0 = time.perf_counter()
     _produce(n)
     produced = time.perf_counter() - t0
