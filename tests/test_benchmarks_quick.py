@@ -36,9 +36,10 @@ def _section(text: str, heading: str) -> str:
     return text[start : nxt if nxt != -1 else len(text)]
 
 
-# Each part takes 43-86 s in a full run on 2 quiet cores (up to 110 s with a busy loop on one
-# core; 2026-12-04): the benchmarks' own quick runs, real stores and the peers they are
-# measured against. e2e's quick run starts an mlflow server and one spawned MLflow writer (its
+# Each part costs 19-27 CPU-seconds alone (68 for the three, 102 before the quick sizes of
+# 2026-12-06: `/usr/bin/time python -m benchmarks.run --quick --sections ...`, both taken
+# back to back at load 1-3): the benchmarks' own quick runs, real stores and the peers they
+# are measured against. e2e's quick run starts an mlflow server and one spawned MLflow writer (its
 # PostgreSQL leg runs only in the full benchmark); throughput generates with SmolLM2 on CPU.
 @pytest.mark.slow(seconds=70)
 @pytest.mark.parametrize("sections", list(PARTS))
