@@ -1,0 +1,43 @@
+"""scripts/suite_cpu.py, the plugin #58's per-test CPU figures come from, run as its docstring
+says on a suite of two tests: one that spins in the test's process, one whose child spins."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TESTS = """\
+import subprocess, sys
+
+def test_spins():
+    x = 0
+    for i in range(3_000_000):
+        x += i
+
+def test_child_spins():
+    subprocess.run([sys.executable, "-c", "x = 0\\nfor i in range(3_000_000): x += i"], check=True)
+"""
+
+
+def test_each_test_gets_its_own_and_its_childrens_cpu(tmp_path: Path) -> None:
+    (tmp_path / "test_spin.py").write_text(TESTS)
+    out = tmp_path / "cpu.jsonl"
+    env = {**os.environ, "SUITE_CPU_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "scripts.suite_cpu", "-q",
+                          "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path),
+                          "test_spin.py"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"test_spin.py::test_spins", "test_spin.py::test_child_spins"}
+    spins, child = rows["test_spin.py::test_spins"], rows["test_spin.py::test_child_spins"]
+    assert spins["self"] > 5 * spins["children"] and spins["self"] > 0.05
+    assert child["children"] > 5 * child["self"] and child["children"] > 0.05
+    summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_cpu.py"), str(out)],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert summary.startswith("2 tests, ") and "test_spin.py" in summary.splitlines()[-1]
