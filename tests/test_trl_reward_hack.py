@@ -66,11 +66,18 @@ def test_the_example_runs_traced_with_the_live_metric_in_trls_logs(
         assert 0 < h["timing/generate_share"] <= 1
     records = [json.loads(line) for line in (out / "traces.jsonl").open()]
     assert len(records) == 2 * 4
-    from tracer.readers import iter_records
+    from tracer.readers import iter_records, read_tables
+    from tracer.readers.habits.patterns import step_patterns
 
     read = [r for page in iter_records("jsonl", path=str(out / "traces.jsonl")) for r in page]
     # the weights that sampled each completion: the step before its own
     assert sorted((r.step, str(r.policy_version)) for r in read) == [(1, "0")] * 4 + [(2, "1")] * 4
+    # each step's live numbers are what the readers find in the traces afterwards, step by step
+    found = step_patterns(read_tables("jsonl", path=str(out / "traces.jsonl")).trajectories)
+    assert found.steps == [1, 2]
+    for h in steps:
+        for key, value in found.step_metrics(h["step"]).items():
+            assert h[key] == pytest.approx(value), (h["step"], key)
     capsys.readouterr()
     assert main(["flags", "--from", "jsonl", "--path", str(out / "traces.jsonl"), "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
