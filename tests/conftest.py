@@ -79,9 +79,10 @@ def _export_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 @pytest.fixture(scope="session")
 def _empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """An empty MLflow sqlite store, made by MLflow once per pytest process (None without
-    MLflow). Each new store runs MLflow's schema migrations, ~0.75 CPU-s; the ~150 tests that
-    take ``mlflow_uri`` paid them each (#58). A store made from nothing is still tested where
-    that is the point: the main job, the CLI's first hour, test_multiprocess_sqlite's race."""
+    MLflow). Each new store runs MLflow's schema migrations, ~0.75 CPU-s; the 89 tests that
+    take ``mlflow_uri`` (2026-12-06) paid them each (#58). A store made from nothing is still
+    tested where that is the point: the main job, the CLI's first hour, the race of
+    test_multiprocess_sqlite."""
     if importlib.util.find_spec("mlflow") is None:
         return None
     from mlflow.tracking import MlflowClient

@@ -61,6 +61,7 @@ RATE = float(os.environ.get("CHAOS_RATE", "6"))
 # the share of the time each rollout process's busy thread holds the GIL (20 ms bursts): 0.25
 # in the suite (its CPU is the 2-core suite's to share), 0.5 in the soak
 BUSY = float(os.environ.get("CHAOS_BUSY", "0.25"))
+assert 0 < BUSY <= 1, f"CHAOS_BUSY={BUSY}: a share of the time, more than 0, at most 1"
 GRACE_S = 2.0  # what finished this close to its process's SIGKILL may be lost
 
 
