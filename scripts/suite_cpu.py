@@ -3,7 +3,8 @@ is bounded by its CPU-seconds over 2, not by how the tests are spread over the w
 
 As a pytest plugin it appends one JSON line per test to ``$SUITE_CPU_OUT`` (default
 ``suite-cpu.jsonl``): the test's id, its xdist worker, its wall seconds and the CPU-seconds of
-the worker process (``self``) and of the children it reaped during the test (``children``).
+the worker process (``self``) and of the children it reaped during the test (``children``),
+and when it began (``start``, seconds since the epoch: the workers' timelines).
 A fixture's setup counts for the first test that needs it; a server a fixture started counts
 where it is stopped (reaped)::
 
@@ -37,12 +38,13 @@ def _cpu() -> tuple[float, float]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     own0, reaped0 = _cpu()
+    began = time.time()
     start = time.monotonic()
     yield
     own1, reaped1 = _cpu()
     row = {"id": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-           "wall": round(time.monotonic() - start, 3), "self": round(own1 - own0, 3),
-           "children": round(reaped1 - reaped0, 3)}  # fmt: skip
+           "start": round(began, 3), "wall": round(time.monotonic() - start, 3),
+           "self": round(own1 - own0, 3), "children": round(reaped1 - reaped0, 3)}  # fmt: skip
     # one write per line, O_APPEND: the workers' lines do not interleave
     with open(os.environ.get("SUITE_CPU_OUT", "suite-cpu.jsonl"), "a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")

@@ -25,6 +25,9 @@ pytest.importorskip("pyarrow")
 
 from rollout.cli import main
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("cli-first-hour")
+
 PROJECT = "first-hour"
 SLOW = ("mlflow", "pandas", "pyarrow", "sqlalchemy")
 

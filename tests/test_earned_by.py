@@ -26,6 +26,9 @@ from benchmarks.patterns_runs import run  # noqa: E402
 from rollout.cli import main  # noqa: E402
 from tests._explore import get  # noqa: E402
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("earned-by")
+
 STEPS = 45  # the hack holds 80 % from step 40
 
 

@@ -25,6 +25,9 @@ from tests._explore import get, served  # noqa: E402
 from tracer.readers.explore.server import Explorer  # noqa: E402
 from tracer.readers.explore.store import Run, Store  # noqa: E402
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("explore-patterns")
+
 STEPS, PER_STEP = 80, 256
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 DOCS_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "explore-patterns.png"

@@ -24,6 +24,9 @@ from tracer.readers.explore.search import SearchIndex  # noqa: E402
 from tracer.readers.explore.server import Explorer  # noqa: E402
 from tracer.readers.explore.store import KEEP_COMPACTED, Run, Store  # noqa: E402
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("explore-store")
+
 N = 3000  # 9,000 turns and 36,000 tokens: several row groups of the compacted copy
 
 

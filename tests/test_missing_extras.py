@@ -27,6 +27,9 @@ pytest.importorskip("pyarrow")
 from tests._explore import get, make_export
 from tests._servers import free_port
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("missing-extras")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

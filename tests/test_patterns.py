@@ -30,6 +30,9 @@ from tracer.readers.habits.patterns import (
 from tracer.readers.habits.patterns_sql import NoSignatures
 from tracer.readers.habits.signature import EDGE, signature, template
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("patterns")
+
 
 def test_signature_masks_numbers_and_quotes_and_keeps_the_ends() -> None:
     a = signature([("calc", False)], "stop", None, "The answer is #### 42.")

@@ -46,6 +46,9 @@ if not os.path.exists(PHOENIX_BIN):
     )
 phoenix_client = pytest.importorskip("phoenix.client")
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("phoenix")
+
 
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

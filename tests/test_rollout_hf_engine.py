@@ -20,6 +20,9 @@ from tests.conftest import search_traces
 
 pytest.importorskip("transformers")
 
+# its module-scoped fixture is costly: the module runs on one worker, which sets it up once
+pytestmark = pytest.mark.xdist_group("hf-engine")
+
 
 @pytest.fixture(scope="module")
 def tiny_engine() -> Any:

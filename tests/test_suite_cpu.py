@@ -38,6 +38,9 @@ def test_each_test_gets_its_own_and_its_childrens_cpu(tmp_path: Path) -> None:
     spins, child = rows["test_spin.py::test_spins"], rows["test_spin.py::test_child_spins"]
     assert spins["self"] > 5 * spins["children"] and spins["self"] > 0.05
     assert child["children"] > 5 * child["self"] and child["children"] > 0.05
+    # the timeline: the second test began after the first one ended (one process, in order)
+    first, second = sorted((spins, child), key=lambda r: r["start"])
+    assert second["start"] >= first["start"] + first["wall"] - 0.01
     summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_cpu.py"), str(out)],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert summary.startswith("2 tests, ") and "test_spin.py" in summary.splitlines()[-1]
