@@ -153,6 +153,38 @@ def test_random_nested_and_overlapping_spans_match_the_rules_read_literally(seed
         assert (out["slow_span_id"], out["slow_span_ms"]) == (slow_id, own / MS)
 
 
+def _one_after_another(rng: random.Random, n: int) -> tuple[list[SpanRecord], int]:
+    """A sequential agent loop: each span opens when the one before it closed or after a gap."""
+    spans, t = [], 0
+    for i in range(n):
+        t += rng.choice((0, 0, rng.randrange(1, 20 * MS)))
+        d = rng.randrange(1, 100 * MS)
+        spans.append(SpanRecord(f"{i:016x}", "root", f"s{i}",
+                                rng.choice(("generate", "tool", "reward", "parse")), t, t + d))
+        t += d
+    rng.shuffle(spans)
+    return spans, t + rng.randrange(0, 5 * MS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spans_one_after_another_take_the_short_way_to_the_same_parts(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No two spans overlap (the usual rollout): each gets its whole time without the sweep,
+    and the parts are the rules' (the sweep stays for overlapping spans, tested above)."""
+    from tracer.readers.timing import breakdown as module
+
+    spans, end = _one_after_another(random.Random(seed), 60)
+
+    def no_sweep(*args: Any) -> Any:
+        raise AssertionError("the sweep ran on spans that do not overlap")
+
+    monkeypatch.setattr(module, "_sweep", no_sweep)
+    out = breakdown(0, end, spans)
+    parts, _ = _reference(0, end, spans)
+    assert {p: out[f"{p}_ms"] for p in parts} == {p: v / MS for p, v in parts.items()}
+
+
 def test_ten_thousand_spans() -> None:
     """2,500 turns, each a helper span around a generate call and a tool call with a gap
     between turns; one tool call is planted slowest. (Its cost: bench_time.py --spans.)"""

@@ -115,9 +115,10 @@ def breakdown(start_ns: int, end_ns: int, spans: Iterable[Any]) -> dict[str, Any
 def _attribute(start_ns: int, end_ns: int, spans: list[Any], ends: list[int]
                ) -> tuple[dict[str, int], dict[str, int]]:  # fmt: skip
     """Each instant of [start_ns, end_ns) to one part: the open span of the highest priority,
-    the earliest opened among equals; an instant no span covers is ``gap``. A sweep over the
-    sorted boundaries with a heap of the open spans (ended ones leave it when they reach the
-    top), so the cost is n log n, not n per boundary."""
+    the earliest opened among equals; an instant no span covers is ``gap``. When no two spans
+    overlap (a sequential agent loop: generate, parse, tool, ... one after the other, the usual
+    case) each span has its whole clipped time and the rest is gap; otherwise a sweep
+    (:func:`_sweep`)."""
     opens: list[tuple[int, int, int, int, int]] = []  # (from, -priority, open time, index, to)
     for i, span in enumerate(spans):
         a = span.start_ns if span.start_ns > start_ns else start_ns
@@ -125,6 +126,18 @@ def _attribute(start_ns: int, end_ns: int, spans: list[Any], ends: list[int]
         if b > a:
             opens.append((a, -_PRIORITY.get(span.kind, 1), span.start_ns, i, b))
     opens.sort()
+    if all(x[4] <= y[0] for x, y in itertools.pairwise(opens)):  # none overlaps the next
+        time_of = {o[3]: o[4] - o[0] for o in opens}
+        return _parts(spans, time_of, end_ns - start_ns - sum(time_of.values()))
+    return _sweep(start_ns, end_ns, spans, opens)
+
+
+def _sweep(start_ns: int, end_ns: int, spans: list[Any],
+           opens: list[tuple[int, int, int, int, int]]
+           ) -> tuple[dict[str, int], dict[str, int]]:  # fmt: skip
+    """:func:`_attribute` over overlapping spans (``opens``: its sorted clipped spans): a
+    sweep over the sorted boundaries with a heap of the open spans (ended ones leave it when
+    they reach the top), so the cost is n log n, not n per boundary."""
     points = sorted({start_ns, end_ns, *(o[0] for o in opens), *(o[4] for o in opens)})
     time_of: dict[int, int] = {}  # span index -> the time it won (a span, not a part, per entry)
     gap = 0
@@ -143,6 +156,13 @@ def _attribute(start_ns: int, end_ns: int, spans: list[Any], ends: list[int]
             time_of[i] = time_of.get(i, 0) + b - a
         else:
             gap += b - a
+    return _parts(spans, time_of, gap)
+
+
+def _parts(spans: list[Any], time_of: dict[int, int], gap: int
+           ) -> tuple[dict[str, int], dict[str, int]]:  # fmt: skip
+    """The parts' ns and each tool's, from the ns each span won (``time_of``: span index ->
+    ns) and the gap."""
     parts = {"generate": 0, "tool": 0, "reward": 0, "other": 0, "gap": gap}
     by_tool: dict[str, int] = {}
     for i, ns in time_of.items():
