@@ -27,13 +27,15 @@ def test_child_spins():
 def test_each_test_gets_its_own_and_its_childrens_cpu(tmp_path: Path) -> None:
     (tmp_path / "test_spin.py").write_text(TESTS)
     out = tmp_path / "cpu.jsonl"
-    env = {**os.environ, "SUITE_CPU_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SUITE_CPU_OUT": str(out), "SUITE_CPU_EVERY": "0.2",
+           "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "scripts.suite_cpu", "-q",
                           "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path),
                           "test_spin.py"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = {r["id"]: r for r in lines if "id" in r}
     assert set(rows) == {"test_spin.py::test_spins", "test_spin.py::test_child_spins"}
     spins, child = rows["test_spin.py::test_spins"], rows["test_spin.py::test_child_spins"]
     assert spins["self"] > 5 * spins["children"] and spins["self"] > 0.05
@@ -44,3 +46,12 @@ def test_each_test_gets_its_own_and_its_childrens_cpu(tmp_path: Path) -> None:
     summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_cpu.py"), str(out)],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert summary.startswith("2 tests, ") and "test_spin.py" in summary.splitlines()[-1]
+    # the machine, sampled by the session's process every 0.2 s and once at its end: the
+    # spinning parts of the run show as busy time, and the timeline names the file running
+    machine = [r for r in lines if "machine" in r]
+    assert machine and sum(r["busy"] for r in machine) > 0
+    assert all(0 <= r["busy"] <= r["total"] for r in machine)
+    timeline = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_cpu.py"), str(out),
+                               "--timeline", "60"], capture_output=True, text=True,
+                              check=True).stdout.splitlines()  # fmt: skip
+    assert timeline[0].startswith("the machine's busy %") and "test_spin.py" in timeline[1]
