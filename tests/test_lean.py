@@ -236,6 +236,24 @@ def test_the_check_sees_a_secret_after_many_near_misses(secret: str) -> None:
     assert Redactor([]).needs(encode_record(_record(text)))
 
 
+def test_the_check_sees_every_literal_of_every_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each literal the check looks for (one search may stand for several: tracer/redact.py
+    ``_gates``) is seen alone in a record, as written and, where the rule ignores case, in
+    capitals; and a secret environment value sharing its first bytes with another."""
+    from tracer.redact import _AS_WRITTEN, BUILTIN_PATTERNS
+
+    monkeypatch.setenv("A_TOKEN", "ghp_not_a_real_token_value")
+    monkeypatch.setenv("B_TOKEN", "ghp_another_value_entirely")
+    redactor = Redactor([])
+    for name, (literals, _rx) in BUILTIN_PATTERNS.items():
+        # a case-sensitive rule is looked for as written; the others in any case
+        spellings = _AS_WRITTEN.get(name) or [v for lit in literals for v in (lit, lit.upper())]
+        for text in spellings:
+            assert redactor.needs(encode_record(_record(f"x {text} y"))), (name, text)
+    for value in ("ghp_not_a_real_token_value", "ghp_another_value_entirely"):
+        assert redactor.needs(encode_record(_record(f"the value {value} leaked")))
+
+
 def test_clean_records_skip_the_per_field_pass() -> None:
     assert not Redactor([]).needs(encode_record(_record("What is 6*7? The answer is 42.")))
     assert Redactor([r"secret-\d+"]).needs(b"{}")  # user patterns always take the long way
