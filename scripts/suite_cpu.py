@@ -94,8 +94,10 @@ _machine: _Machine | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _machine
-    if os.environ.get("PYTEST_XDIST_WORKER") or _jiffies() is None:
-        return  # a worker: the controller samples the machine for the session
+    # an xdist worker has ``workerinput`` (its environment variable would also be set in a
+    # pytest that a test of the suite starts): the controller samples for the session
+    if hasattr(config, "workerinput") or _jiffies() is None:
+        return
     _machine = _Machine(float(os.environ.get("SUITE_CPU_EVERY", "2")))
     _machine.thread.start()
 
