@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds or args.seconds < 50:
         parser.error("give at least one seed and --seconds >= 50 (the schedule needs the room)")
     env = dict(os.environ, CHAOS_SECONDS=str(args.seconds), CHAOS_RATE=str(args.rate),
-               CHAOS_SEEDS=",".join(map(str, seeds)), CHAOS_BUSY=str(args.busy))  # fmt: skip
+               CHAOS_SEEDS=",".join(map(str, seeds)), CHAOS_BUSY=str(args.busy),
+               CHAOS_BUSY_KIND="spin")  # the soak's busy threads spend the CPU too  # fmt: skip
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-s", "-q",
            "--durations=0", "tests/test_chaos.py"]  # fmt: skip
     return subprocess.call(cmd, cwd=ROOT, env=env)

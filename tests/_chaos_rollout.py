@@ -1,6 +1,6 @@
 """One rollout process of the chaos test (tests/test_chaos.py), run as a user would run a job:
-``python -m tests._chaos_rollout LEDGER URI SPOOL WORKER RATE SLOW``, in a session of its own, so
-a terminal's Ctrl-C is SIGINT to its whole process group.
+``python -m tests._chaos_rollout LEDGER URI SPOOL WORKER RATE SLOW BUSY BUSY_KIND``, in a
+session of its own, so a terminal's Ctrl-C is SIGINT to its whole process group.
 
 It traces multi-turn trajectories at about RATE a second into MLflow while a busy Python thread
 holds the GIL, and appends ``<step> <sample_index> <unix time>`` to LEDGER when each one has
@@ -25,12 +25,23 @@ from typing import Any
 import tracer
 
 
-def spin(busy: float) -> None:
-    """A busy Python thread (the rollout's own work): it holds the GIL in 20 ms bursts, a
-    ``busy`` share of the time (the suite 0.25, so that its two processes leave the 2-core
-    machine's other tests CPU: at 0.5 they were ~65 of the suite's ~1,220 CPU-seconds;
-    ``python -m benchmarks.chaos``'s soak 0.5)."""
+def spin(busy: float, kind: str = "spin") -> None:
+    """A busy thread (the rollout's own work): it holds the GIL in 20 ms bursts, a ``busy``
+    share of the time (the suite 0.25; ``python -m benchmarks.chaos``'s soak 0.5). ``kind``:
+    ``spin``, Python code that runs (the soak's: it spends the CPU too, and lets the GIL go at
+    the interpreter's switch interval, as Python work does); ``hold``, a C call that keeps the
+    GIL for the whole burst and spends no CPU, as a tokenizer or an array operation that does
+    not release it would (the suite's: its two rollout processes' bursts were ~35 of the
+    2-core suite's CPU-seconds, spent by no test)."""
     pause = 0.02 * (1 - busy) / busy
+    if kind == "hold":
+        import ctypes
+
+        usleep = ctypes.PyDLL(None).usleep  # PyDLL: the GIL is kept during the call
+        usleep.argtypes = [ctypes.c_uint]
+        while True:
+            usleep(20_000)
+            time.sleep(pause)
     while True:
         until = time.monotonic() + 0.02
         while time.monotonic() < until:
@@ -85,14 +96,14 @@ def rollout(worker: int, i: int) -> None:
 
 
 def main() -> None:
-    ledger_path, uri, spool, worker, rate, slow, busy = sys.argv[1:8]
+    ledger_path, uri, spool, worker, rate, slow, busy, busy_kind = sys.argv[1:9]
     slow_disk(Path(slow))
     tracer.init(
         backend="mlflow", tracking_uri=uri, project_name="chaos", spool_dir=spool,
         flush_interval_s=0.2, export_batch_size=20, replay_interval_s=0.5,
         export_max_retries=1, export_timeout_s=5.0, shutdown_timeout_s=60.0,
     )  # fmt: skip
-    threading.Thread(target=spin, args=(float(busy),), daemon=True).start()
+    threading.Thread(target=spin, args=(float(busy), busy_kind), daemon=True).start()
     period = 1.0 / float(rate)
     ledger = os.open(ledger_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     i = 0

@@ -1,9 +1,9 @@
 """Faults that overlap, as on a real cluster: the durability promise under a seeded schedule.
 
-Two rollout processes (``tests/_chaos_rollout.py``, each with a busy Python thread and the MLflow
-export child of the default config) trace into one real ``mlflow server`` and share a spool on a
-small tmpfs. For ``CHAOS_SECONDS`` (default 60), at ``CHAOS_RATE`` trajectories a second per
-process (default 6), a schedule drawn from the seed:
+Two rollout processes (``tests/_chaos_rollout.py``, each with a thread that holds the GIL a
+quarter of the time and the MLflow export child of the default config) trace into one real
+``mlflow server`` and share a spool on a small tmpfs. For ``CHAOS_SECONDS`` (default 60), at
+``CHAOS_RATE`` trajectories a second per process (default 6), a schedule drawn from the seed:
 - SIGKILLs the server and restarts it (3 times);
 - SIGKILLs a rollout process and starts a replacement (2 times);
 - fills the spool's disk to the last byte for 3-6 s (2 times; the first while the server is
@@ -62,6 +62,10 @@ RATE = float(os.environ.get("CHAOS_RATE", "6"))
 # in the suite (its CPU is the 2-core suite's to share), 0.5 in the soak
 BUSY = float(os.environ.get("CHAOS_BUSY", "0.25"))
 assert 0 < BUSY <= 1, f"CHAOS_BUSY={BUSY}: a share of the time, more than 0, at most 1"
+# how the busy thread holds the GIL (tests/_chaos_rollout.py ``spin``): in the suite a C call
+# that keeps it and spends no CPU ("hold"), in the soak Python code that runs ("spin")
+BUSY_KIND = os.environ.get("CHAOS_BUSY_KIND", "hold")
+assert BUSY_KIND in ("hold", "spin"), f"CHAOS_BUSY_KIND={BUSY_KIND}: hold or spin"
 GRACE_S = 2.0  # what finished this close to its process's SIGKILL may be lost
 
 
@@ -75,7 +79,7 @@ class Rollout:
         self.log = open(tmp / f"rollout-{worker}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests._chaos_rollout", str(self.ledger), uri, str(spool),
-             str(worker), str(RATE), str(slow), str(BUSY)],
+             str(worker), str(RATE), str(slow), str(BUSY), BUSY_KIND],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=Path(__file__).resolve().parent.parent,
         )  # fmt: skip
