@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="trajectories a second per rollout process (the suite runs 6)")
     parser.add_argument("--busy", type=float, default=0.5,
                         help="share of the time each rollout process's busy thread holds the "
-                             "GIL (the suite runs 0.25)")
+                             "GIL, spinning Python (the suite runs 0.25, in a C call that "
+                             "keeps the GIL without spending CPU)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not 0 < args.busy <= 1:
