@@ -10,6 +10,10 @@ One process, one throwaway PostgreSQL, the trajectories benchmarks/ingest.py mak
   into records, MLflow's view of them (``mlflow_view``), MLflow's rows (``RowBuilder.trace``;
   it says how many spans went through MLflow's own attribute translation), the COPY data, and
   the whole ``BulkWriter.write`` (rows, COPY data and the round trips);
+- **the rollout process** (``--process``): the same trajectories traced for real by
+  ``tracer.init`` with the MLflow backend into the same server (the export child on, as the
+  default config runs it), flushed; the CPU of this process (the hot path, the processing
+  thread, the export worker) and of its export child, a trace each;
 - **PostgreSQL**: the CPU of the server's processes while the batches are written (the
   postmaster's tree, from /proc), the WAL it wrote, and per table the rows a trace adds, the
   foreign keys each row is checked against and the indexes each row updates; per statement
@@ -90,6 +94,41 @@ def _writer(writer: Any, records: list[Any], batch: int) -> dict[str, float]:
     return out
 
 
+def _process(uri: str, n: int) -> dict[str, float]:
+    """``n`` trajectories traced into ``uri`` by this process, as a rollout worker does (after
+    50 that start the export child and open the store): CPU us a trace of the process and of
+    its export child."""
+    import os
+    import resource
+    import tempfile
+
+    import tracer
+    from benchmarks.ingest import trace_one
+    from benchmarks.ingest_procs import tree_cpu_s
+
+    def own() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    tracer.init({"backend": "mlflow", "tracking_uri": uri, "project_name": "process",
+                 "worker_id": "w0", "token2text": False, "export_timeout_s": 120,
+                 "spool_dir": tempfile.mkdtemp(prefix="ingest-profile-spool-")})  # fmt: skip
+    try:
+        ids = list(range(300))
+        for i in range(50):
+            trace_one(i, ids)
+        assert tracer.flush(120)
+        own0, tree0 = own(), tree_cpu_s(os.getpid())
+        for i in range(50, 50 + n):
+            trace_one(i, ids)
+        assert tracer.flush(600)
+        process, tree = own() - own0, tree_cpu_s(os.getpid()) - tree0
+    finally:
+        tracer.shutdown()
+    return {"the rollout process": process / n * 1e6,
+            "its export child": (tree - process) / n * 1e6, "both": tree / n * 1e6}
+
+
 def _sql(uri: str, query: str) -> list[Any]:
     import sqlalchemy
 
@@ -123,13 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ingest_profile", description=__doc__)
     p.add_argument("--n", type=int, default=2048)
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--process", action="store_true",
+                   help="also trace the trajectories for real from this process (with its "
+                        "export child) and print both processes' CPU a trace")
     a = p.parse_args(argv)
     if why := postgres_available():
         print(f"skipped: {why}")
         return 0
     records = _records(a.n)
-    with temporary_cluster("stages", "postgres_side") as cluster:
-        stages_uri, uri = cluster.uris
+    with temporary_cluster("stages", "postgres_side", "process") as cluster:
+        stages_uri, uri, process_uri = cluster.uris
         config = TraceConfig(backend=None, tracking_uri=stages_uri, project_name="profile")
         writer = MlflowExporter(config).bulk
         assert writer is not None
@@ -168,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         for query, calls, total in statements:
             print(f"  {total / a.n * 1000:10.1f} {calls / batches:14.1f}  "
                   f"{' '.join(query.split())[:90]}")  # fmt: skip
+        if a.process:
+            print(f"\n## traced for real: CPU us a trace ({a.n} traces, the export child on)")
+            for side, us in _process(process_uri, a.n).items():
+                print(f"  {side:40s} {us:8.1f}")
     return 0
 
 
