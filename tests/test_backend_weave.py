@@ -192,6 +192,7 @@ def test_the_users_global_weave_client_is_left_alone(
         set_weave_client_global(None)
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_weave_disabled_fails_the_export_instead_of_dropping_it(
     weave_server: InProcessWeaveServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -83,6 +83,7 @@ def _start(port: int, seen: list[dict[str, Any]]) -> HTTPServer:
 
 
 @pytest.mark.parametrize("case", list(QUERIES))
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_no_credential_on_disk_or_in_logs_and_replay_reads_them_from_the_environment(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

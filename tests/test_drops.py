@@ -88,6 +88,7 @@ def _export(tmp_path: Path, **scenario: Any) -> tuple[Any, Any, Any]:
     return planted, traj, steps
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_a_timeout_that_kills_the_longest_is_counted_and_flagged(tmp_path: Path) -> None:
     planted, traj, steps = _export(tmp_path, steps=1, samples=4, group=4, turns=(1, 8),
                                    limit=5, timeout_s=3.0, seed=2)  # fmt: skip
@@ -126,6 +127,7 @@ def test_a_timeout_that_kills_the_longest_is_counted_and_flagged(tmp_path: Path)
     assert steps_flagged["incomplete_groups"]["value"] == len(short)
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_a_timeout_outside_the_trajectory_reads_as_a_cancel(tmp_path: Path) -> None:
     """``asyncio.wait_for(rollout(), t)`` around the function that opens the trajectory: asyncio
     cancels its task and raises TimeoutError only to the caller. The drop is still counted."""
@@ -216,6 +218,7 @@ def test_every_backend_keeps_why_it_ended(mlflow_uri: str, weave_server: Any) ->
     assert call["attributes"]["response_tokens"] == 30
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_the_live_metrics_count_the_drops_across_processes(tmp_path: Path) -> None:
     """``tracer.step_metrics`` (what TRL's log() and verl's Tracking.log get) and a driver's
     merge of two workers' partials, a group split between them."""

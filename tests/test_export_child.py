@@ -274,6 +274,7 @@ def test_an_export_call_that_begins_after_the_shutdown_abort_starts_no_new_child
     assert stored(mlflow_uri) == keys(0, 100)
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_fork_then_sigkill_of_the_parent_leaves_no_export_child(
     tmp_path: Path, mlflow_uri: str, scripts: list[Script]
 ) -> None:

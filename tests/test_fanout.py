@@ -37,6 +37,7 @@ def compute_reward(answer: str) -> float:
     return 1.0 if answer == "4" else 0.0
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_otlp_down_others_get_everything(
     tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -551,6 +551,7 @@ class _SlowlyDown(FlakyMlflow):
 register_backend("slowdown", _SlowlyDown)
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_shutdown_with_the_backend_down_leaves_no_export_call_running(
     tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -615,6 +616,7 @@ class _SlowButUp(MlflowExporter):
 register_backend("slowok", _SlowButUp)
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_no_probe_starts_between_the_shutdown_flush_and_the_worker_stop(
     tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -641,6 +643,7 @@ def test_no_probe_starts_between_the_shutdown_flush_and_the_worker_stop(
     assert len(list(spool.rglob("*.jsonl"))) >= 1
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_no_export_call_starts_after_the_shutdown_deadline(
     tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:

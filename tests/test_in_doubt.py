@@ -178,6 +178,7 @@ def trace(n: int) -> None:
 
 
 @pytest.mark.slow(seconds=8)
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_the_first_probe_after_a_retried_call_is_held_back_near_the_deadline(
     tmp_path: Path, mlflow_uri: str
 ) -> None:

@@ -166,6 +166,7 @@ def stored(store: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.slow(seconds=8)
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_a_slowly_failing_backend_gets_no_call_after_the_deadline_and_each_trajectory_once(
     tmp_path: Path, store: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -333,6 +334,7 @@ def test_two_offers_to_the_spool_never_write_one_batch_twice(
 
 
 @pytest.mark.slow(seconds=8)
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_replay_names_in_doubt_trajectories_a_sink_may_store_twice(
     tmp_path: Path, store: dict[str, Any]
 ) -> None:

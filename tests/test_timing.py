@@ -84,6 +84,7 @@ def test_nothing_reported_on_a_run_without_stragglers(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow(seconds=6)
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_hung_call_is_reported_once_with_tool_and_arguments(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -154,6 +155,7 @@ def test_report_names_the_stragglers_and_links_their_transcripts(tmp_path: Path)
 
 
 @pytest.mark.slow(seconds=6)
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_hung_call_far_past_its_steps_typical_time_is_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

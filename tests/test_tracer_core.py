@@ -342,6 +342,7 @@ class _Exploding:
         return None
 
 
+@pytest.mark.waits  # mostly a timeout's wait: ordered early (tests/conftest.py)
 def test_backend_that_raises_never_reaches_the_rollout_and_is_spooled(tmp_path):
     register_backend("exploding", _Exploding)
     tracer.init(backend=["exploding", "memory"], export_max_retries=1,
