@@ -78,15 +78,21 @@ def trace_one(i: int, ids: list[int]) -> None:
         reward("84")
 
 
+def writer_config(uri: str, project: str, worker: str) -> dict[str, Any]:
+    """The tracer's config in a benchmark writer (benchmarks/ingest_profile.py's too): the
+    MLflow backend and its default export child, no token text, a spool of its own."""
+    return {"backend": "mlflow", "tracking_uri": uri, "project_name": project,
+            "worker_id": worker, "token2text": False, "export_timeout_s": 120,
+            "spool_dir": tempfile.mkdtemp(prefix="ingest-spool-")}  # fmt: skip
+
+
 def writer(uri: str, project: str, n: int, worker: str, seconds: float,
            rate: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """One writer process: ``n`` trajectories (or as many as ``seconds`` allow), then flush.
     ``rate``: this writer's trajectories a second (0: as fast as it can)."""
     import os
 
-    tracer.init({"backend": "mlflow", "tracking_uri": uri, "project_name": project,
-                 "worker_id": worker, "token2text": False, "export_timeout_s": 120,
-                 "spool_dir": tempfile.mkdtemp(prefix="ingest-spool-")})  # fmt: skip
+    tracer.init(writer_config(uri, project, worker))
 
     ids = list(range(300))
     print("ready", flush=True)  # every writer started (imports, export child): then all go

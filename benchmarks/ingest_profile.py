@@ -99,30 +99,22 @@ def _process(uri: str, n: int) -> dict[str, float]:
     50 that start the export child and open the store): CPU us a trace of the process and of
     its export child."""
     import os
-    import resource
-    import tempfile
 
     import tracer
-    from benchmarks.ingest import trace_one
+    from benchmarks.ingest import trace_one, writer_config
     from benchmarks.ingest_procs import tree_cpu_s
 
-    def own() -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
-
-    tracer.init({"backend": "mlflow", "tracking_uri": uri, "project_name": "process",
-                 "worker_id": "w0", "token2text": False, "export_timeout_s": 120,
-                 "spool_dir": tempfile.mkdtemp(prefix="ingest-profile-spool-")})  # fmt: skip
+    tracer.init(writer_config(uri, "process", "w0"))
     try:
         ids = list(range(300))
         for i in range(50):
             trace_one(i, ids)
         assert tracer.flush(120)
-        own0, tree0 = own(), tree_cpu_s(os.getpid())
+        own0, tree0 = time.process_time(), tree_cpu_s(os.getpid())
         for i in range(50, 50 + n):
             trace_one(i, ids)
         assert tracer.flush(600)
-        process, tree = own() - own0, tree_cpu_s(os.getpid()) - tree0
+        process, tree = time.process_time() - own0, tree_cpu_s(os.getpid()) - tree0
     finally:
         tracer.shutdown()
     return {"the rollout process": process / n * 1e6,

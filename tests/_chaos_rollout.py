@@ -31,8 +31,8 @@ def spin(busy: float, kind: str = "spin") -> None:
     ``spin``, Python code that runs (the soak's: it spends the CPU too, and lets the GIL go at
     the interpreter's switch interval, as Python work does); ``hold``, a C call that keeps the
     GIL for the whole burst and spends no CPU, as a tokenizer or an array operation that does
-    not release it would (the suite's: its two rollout processes' bursts were ~35 of the
-    2-core suite's CPU-seconds, spent by no test)."""
+    not release it would (the suite's: spinning, the chaos test took 83-87 CPU-seconds of the
+    2-core suite, holding 54-64, 2026-12-07)."""
     pause = 0.02 * (1 - busy) / busy
     if kind == "hold":
         import ctypes

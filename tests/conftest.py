@@ -49,10 +49,10 @@ WAITS_S = 60.0  # where a ``waits`` test sorts: after the longest, while they ke
 def _expected_seconds(item: pytest.Item) -> float:
     """``@pytest.mark.slow(seconds=N)``: about how long the test takes in a quiet full run
     (only the order uses it); a plain ``slow`` mark counts as 30 s, other tests as 0.
-    ``@pytest.mark.waits`` (a test that mostly waits on a timeout) counts as ``WAITS_S``: it
-    runs early, its wait overlapping the CPU of the long tests the other workers run, instead
-    of leaving a core idle in the suite's last minutes, where such tests ran in file order
-    (#58: the last ~120 s ran at 156-188 % of 2 cores, ~95 s of these waits among them)."""
+    ``@pytest.mark.waits`` (a test that mostly waits on a timeout) counts as ``WAITS_S`` at
+    least: it runs early, its wait overlapping the CPU of the long tests the other workers run,
+    instead of leaving a core idle in the suite's last minutes, where such tests ran in file
+    order (#58: the last ~120 s ran at 156-188 % of 2 cores, ~95 s of these waits among them)."""
     mark = item.get_closest_marker("slow")
     seconds = 0.0 if mark is None else float(mark.kwargs.get("seconds", 30))
     return max(seconds, WAITS_S) if item.get_closest_marker("waits") is not None else seconds

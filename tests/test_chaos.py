@@ -59,7 +59,7 @@ SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1").split(",")]
 # processes is half a core at 12; the faults overlap the same at 6), 12 in the soak
 RATE = float(os.environ.get("CHAOS_RATE", "6"))
 # the share of the time each rollout process's busy thread holds the GIL (20 ms bursts): 0.25
-# in the suite (its CPU is the 2-core suite's to share), 0.5 in the soak
+# in the suite, 0.5 in the soak
 BUSY = float(os.environ.get("CHAOS_BUSY", "0.25"))
 assert 0 < BUSY <= 1, f"CHAOS_BUSY={BUSY}: a share of the time, more than 0, at most 1"
 # how the busy thread holds the GIL (tests/_chaos_rollout.py ``spin``): in the suite a C call

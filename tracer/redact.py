@@ -135,9 +135,9 @@ def _gates(literals: list[bytes]) -> tuple[tuple[bytes, int | None, Any], ...]:
     for lit in dict.fromkeys(literals):
         groups.setdefault(lit[:2], []).append(lit)
     out: list[tuple[bytes, int | None, Any]] = []
-    for prefix, group in groups.items():
-        if len(group) == 1 or len(prefix) < 2:
-            out += [_gate(lit) for lit in group]
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(_gate(group[0]))
         else:
             either = b"|".join(re.escape(lit) for lit in sorted(group))
             out.append((b"", None, re.compile(either).search))
