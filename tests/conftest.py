@@ -31,8 +31,16 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 SHARED_SERVERS = ("mlflow_server", "ray_cluster", "postgres_uri", "postgres_mlflow_server")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", help=(
+        "also run the tests marked long (whole jobs: the main job's SmolLM2 run, TRL's SmolLM2 "
+        "GRPO step, the chaos run, the quick benchmarks); `python -m pytest --long -m long` runs "
+        "only them, as CI does after the suite"))  # fmt: skip
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_long(config, items)
     for item in items:
         names = getattr(item, "fixturenames", ())
         if any(f in names for f in SHARED_SERVERS) and not item.get_closest_marker("xdist_group"):
@@ -41,6 +49,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # the alphabet ran on while the other workers had finished (the main job started ~5 min
     # in and set the suite's end). A stable sort: every worker computes the same order.
     items.sort(key=lambda item: -_expected_seconds(item))
+
+
+def _skip_long(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.long``: a whole job on 2 CPU cores (a real model generating or training
+    for minutes, a fault soak, the benchmarks), ~330 of the suite's ~1,100 core-seconds in 5
+    tests and one module (#58): README command 2 skips them, saying how to run them, unless
+    ``--long`` is given or the test's file is named on the command line (``python -m pytest
+    tests/test_main_job.py`` runs it); CI runs them after the suite (.ci/run), like the vLLM
+    and verl tests it runs in their own venvs."""
+    if config.getoption("long"):
+        return
+    named = {Path(arg.split("::")[0]).resolve() for arg in config.args}
+    skip = pytest.mark.skip(reason="long (a whole job): python -m pytest --long -m long")
+    for item in items:
+        if item.get_closest_marker("long") is not None and item.path not in named:
+            item.add_marker(skip)
 
 
 WAITS_S = 60.0  # where a ``waits`` test sorts: after the longest, while they keep the CPU busy

@@ -42,6 +42,7 @@ def _section(text: str, heading: str) -> str:
 # are measured against. e2e's quick run starts an mlflow server and one spawned MLflow writer (its
 # PostgreSQL leg runs only in the full benchmark); throughput generates with SmolLM2 on CPU.
 @pytest.mark.slow(seconds=70)
+@pytest.mark.long
 @pytest.mark.parametrize("sections", list(PARTS))
 def test_quick_benchmarks_write_every_section(tmp_path: Path, sections: str) -> None:
     out = tmp_path / "RESULTS.md"

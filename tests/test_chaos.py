@@ -201,6 +201,7 @@ def export_children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow(seconds=100)
+@pytest.mark.long
 @pytest.mark.export_child  # the default config's export child is part of what is tested
 @pytest.mark.parametrize("seed", SEEDS)
 def test_overlapping_faults_lose_nothing_uncounted(tmp_path: Path, seed: int) -> None:

@@ -39,6 +39,7 @@ def _spans(trace: Any, name: str | None = None, span_type: str | None = None) ->
 # run it, SmolLM2 generating on CPU (8 training and 4 validation trajectories, structured
 # decoding), the trainer pass; `seconds` puts it first in the suite's order (conftest.py)
 @pytest.mark.slow(seconds=250)
+@pytest.mark.long
 @pytest.mark.export_child  # the main job as users run it: the default export child
 def test_default_run_in_mlflow(tmp_path: Path) -> None:
     pytest.importorskip("xgrammar")

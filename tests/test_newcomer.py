@@ -20,7 +20,8 @@ from tests._markdown import ROOT, first_screen, first_screen_commands
 
 
 def ci_steps() -> list[list[str]]:
-    """What .ci/run does in its fresh venv, in order: the venv, the installs, the tests."""
+    """What .ci/run does in its fresh venv, in order: the venv, the installs, the tests (its
+    first pytest step: the long tier after it is not README command 2's)."""
     steps = []
     for line in (ROOT / ".ci" / "run").read_text().splitlines():
         try:
@@ -33,6 +34,7 @@ def ci_steps() -> list[list[str]]:
             steps.append(["pip", "install", *[w for w in words[2:] if w != "-q"]])
         elif words[:3] == ["python", "-m", "pytest"]:
             steps.append(words)
+            return steps
     return steps
 
 

@@ -190,6 +190,7 @@ def _close(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.slow(seconds=240)
+@pytest.mark.long
 def test_every_logged_completion_is_a_trace_with_its_text_rewards_and_advantage(
     grpo_run: dict[str, Any], traces: dict[tuple[int, int, int], Any]
 ) -> None:
@@ -217,6 +218,7 @@ def test_every_logged_completion_is_a_trace_with_its_text_rewards_and_advantage(
 
 
 @pytest.mark.slow(seconds=240)
+@pytest.mark.long
 def test_tool_calls_are_spans_with_arguments_results_and_failures(
     grpo_run: dict[str, Any], traces: dict[tuple[int, int, int], Any]
 ) -> None:
@@ -241,6 +243,7 @@ def test_tool_calls_are_spans_with_arguments_results_and_failures(
 
 
 @pytest.mark.slow(seconds=240)
+@pytest.mark.long
 def test_tracer_counters_reach_trl_log(grpo_run: dict[str, Any]) -> None:
     history = [h for h in grpo_run["trainer"].state.log_history if "loss" in h]
     assert len(history) == 1
@@ -249,6 +252,7 @@ def test_tracer_counters_reach_trl_log(grpo_run: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow(seconds=240)
+@pytest.mark.long
 def test_the_live_analysis_reaches_trl_log(grpo_run: dict[str, Any]) -> None:
     """``tracer.step_metrics`` joins each training step's logs (what ``report_to`` trackers
     get): patterns/*, timing/* and the stuck count, the numbers the readers find afterwards in
@@ -301,6 +305,7 @@ def _store(grpo_run: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.slow(seconds=240)
+@pytest.mark.long
 def test_export_report_and_flags_read_the_trl_run(grpo_run: dict[str, Any], exported: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -339,6 +344,7 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.mark.slow(seconds=240)
+@pytest.mark.long
 def test_the_explorer_shows_a_grpo_group_side_by_side(exported: Path, tmp_path: Path) -> None:
     import shutil
 
