@@ -17,6 +17,8 @@ from mlflow.tracing.otel.translation import translate_span_when_storing
 from tracer.backends.mlflow_bulk_attrs import INERT_KEYS, INERT_PREFIXES, stored_attributes
 from tracer.backends.mlflow_bulk_rows import _SpanDict
 from tracer.backends.otel_spans import encode_all_json
+from tracer.json_text import JsonText
+from tracer.token_lists import encode_full_lists
 
 
 class Shown:
@@ -44,7 +46,11 @@ STRINGS = ["", "stop", "5", "-1.5", "true", "null", "NaN", '"quoted"', '""', '"5
 VALUES: list[Any] = [*STRINGS, 0, 7, -2.5, 1e-05, float("nan"), True, False, None, [], {},
                      [1, "a"], {"messages": [{"role": "user", "content": "hi"}]},
                      {"content": '{"a": 1}'}, Shown("plain"), Shown('{"a": 1}'), Shown('"x"'),
-                     dt.date(2026, 12, 6), Text('a ünïcode "text"'), Text('{"a": 1}')]  # fmt: skip
+                     dt.date(2026, 12, 6), Text('a ünïcode "text"'), Text('{"a": 1}'),
+                     # the full lists mlflow_view writes: JSON the writer does not read again
+                     encode_full_lists([(["prompt_ids"], list(range(20)))], []),
+                     encode_full_lists([(["logprobs"], [float("nan"), -0.5] * 8)],
+                                       [([0, "token_ids"], [2**70] * 16)])]  # fmt: skip
 KEYS = sorted(INERT_KEYS) + [f"{p}something" for p in INERT_PREFIXES]
 
 
@@ -70,6 +76,7 @@ def test_an_inert_key_is_stored_as_mlflow_stores_it(key: str) -> None:
         assert ours == mlflow_stores(plain), (key, value)  # ...and stores the same
         checked += 1
     assert checked == len(VALUES)
+    assert sum(type(v) is JsonText for v in VALUES) == 2
 
 
 def test_inputs_and_outputs_of_every_shape() -> None:

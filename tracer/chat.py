@@ -12,16 +12,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tracer.json_text import encode_function
 from tracer.record import SpanRecord, TrajectoryRecord
 
 # json.dumps(value, ensure_ascii=False, default=str), with the encoder built once: json.dumps
 # builds a new one on every call that passes options (the MLflow writers call this ~150 times
 # a trajectory). The encoder keeps no state between calls, so threads can share it.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+_encode = encode_function(_ENCODER)
 
 
 def dumps(value: Any) -> str:
-    return _ENCODER.encode(value)
+    return _encode(value)
 
 
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})

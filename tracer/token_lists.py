@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from tracer.json_text import JsonText
+
 FULL_LISTS_ATTRIBUTE = "rollout_tracer.full_lists"
 MIN_ITEMS = 16  # shorter lists are shown as they are
 EDGE = 5  # values shown at each end
@@ -65,7 +67,7 @@ def compact_lists(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]]]:
     return compacted, taken
 
 
-def compact_view(inputs: Any, outputs: Any) -> tuple[Any, Any, str | None]:
+def compact_view(inputs: Any, outputs: Any) -> tuple[Any, Any, JsonText | None]:
     """:func:`compact_lists` of a span's inputs and outputs, and :func:`encode_full_lists` of
     the lists taken out of them (None when none was), each list's item types looked at once."""
     inputs, taken_in, ints_in = _compact(inputs)
@@ -106,7 +108,7 @@ def _compact(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]], bool]:
 
 
 def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
-                      outputs: list[tuple[Path, list[Any]]]) -> str:  # fmt: skip
+                      outputs: list[tuple[Path, list[Any]]]) -> JsonText:  # fmt: skip
     """One JSON string (a single line in a UI's attribute view) holding both sides:
     ``json.dumps(..., separators=(",", ":"))``. Token ids (ints, ASCII keys) go through orjson,
     which writes them byte for byte the same at about twice the speed (the MLflow export
@@ -116,7 +118,7 @@ def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
 
 
 def _encode(inputs: list[tuple[Path, list[Any]]], outputs: list[tuple[Path, list[Any]]], *,
-            ints_only: bool) -> str:  # fmt: skip
+            ints_only: bool) -> JsonText:  # fmt: skip
     value = {"inputs": inputs, "outputs": outputs}
     if ints_only:
         try:
@@ -125,8 +127,8 @@ def _encode(inputs: list[tuple[Path, list[Any]]], outputs: list[tuple[Path, list
             pass
         else:
             if text.isascii() and b"\\" not in text:  # no string json would escape otherwise
-                return text.decode()
-    return json.dumps(value, separators=(",", ":"))
+                return JsonText(text.decode())
+    return JsonText(json.dumps(value, separators=(",", ":")))
 
 
 def _ints_only(taken: list[tuple[Path, list[Any]]]) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from tracer.backends.otel_spans import encode_all_json
+from tracer.json_text import JsonText
 
 # Keys this tracer writes (tracer/backends/otel_spans.py, tracer/record_builder.py,
 # tracer/token_text.py, tracer/keep.py, mlflow_view) that none of MLflow's translators reads.
@@ -82,8 +83,11 @@ def stored_value(value: Any) -> str:
     an object as that JSON (one layer of encoding, not two)."""
     if isinstance(value, str):
         # JSON of a number, true, false or null cannot start with these: MLflow keeps its
-        # encoding, and most strings are decided without parsing them
-        if value.lstrip(_JSON_SPACE)[:1] in _OPENERS and _is_json(value):
+        # encoding, and most strings are decided without parsing them (and JSON the tracer
+        # wrote, a span's full token lists, without parsing it again)
+        if value.lstrip(_JSON_SPACE)[:1] in _OPENERS and (
+            type(value) is JsonText or _is_json(value)
+        ):
             return value
         # encode_all_json's encoder writes a str with this one C function (ensure_ascii off)
         return encode_basestring(value)

@@ -21,6 +21,7 @@ from typing import Any
 
 from tracer.backends.mlflow_bulk_attrs import stored_attributes
 from tracer.backends.otel_spans import encode_all_json, span_attributes
+from tracer.json_text import encode_function
 from tracer.record import TrajectoryRecord
 
 REQUEST_ID_KEY = "mlflow.traceRequestId"
@@ -68,13 +69,13 @@ class RowBuilder:
         self.trace_id_of = trace_id_of
         self.reward_name = reward_name
         # json.dumps(cls=...) builds an encoder per call; this one keeps no state between calls
-        self._encoder = parts.TraceJSONEncoder(ensure_ascii=False)
+        self._encode = encode_function(parts.TraceJSONEncoder(ensure_ascii=False))
 
     def _content(self, translated: dict[str, Any]) -> str:
         """The span's content JSON, byte for byte what MLflow's ``_log_spans_once`` writes
         (its encoder, its separators): MLflow's span-attribute filters (``span.attributes.x
         RLIKE ...``) match ``"key": "value"`` in this text, with the space."""
-        return str(self._encoder.encode(translated))
+        return self._encode(translated)
 
     def _model_dimension(self, value: Any) -> str | None:
         """A span's model or provider column, as ``_log_spans_once`` makes it of the
