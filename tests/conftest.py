@@ -34,8 +34,8 @@ SHARED_SERVERS = ("mlflow_server", "ray_cluster", "postgres_uri", "postgres_mlfl
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--long", action="store_true", help=(
         "also run the tests marked long (whole jobs: the main job's SmolLM2 run, TRL's SmolLM2 "
-        "GRPO step, the chaos run, the quick benchmarks); `python -m pytest --long -m long` runs "
-        "only them, as CI does after the suite"))  # fmt: skip
+        "GRPO step and its runs on several processes, the chaos run, the quick benchmarks); "
+        "`python -m pytest --long -m long` runs only them, as CI does after the suite"))  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
@@ -53,8 +53,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _skip_long(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``@pytest.mark.long``: a whole job on 2 CPU cores (a real model generating or training
-    for minutes, a fault soak, the benchmarks), ~330 of the suite's ~1,100 core-seconds in 5
-    tests and one module (#58): README command 2 skips them, saying how to run them, unless
+    for minutes, a fault soak, the benchmarks), ~410 of the suite's ~1,100 core-seconds in 5
+    tests and two modules' fixtures (#58): README command 2 skips them, saying how, unless
     ``--long`` is given or the test's file is named on the command line (``python -m pytest
     tests/test_main_job.py`` runs it); CI runs them after the suite (.ci/run), like the vLLM
     and verl tests it runs in their own venvs."""

@@ -108,6 +108,7 @@ def _export(path: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[
 
 
 @pytest.mark.slow(seconds=120)
+@pytest.mark.long
 def test_two_processes_trace_every_completion_once_with_whole_groups(
     runs: dict[str, Path],
 ) -> None:
@@ -131,6 +132,7 @@ def test_two_processes_trace_every_completion_once_with_whole_groups(
 
 
 @pytest.mark.slow(seconds=120)
+@pytest.mark.long
 def test_two_processes_log_the_merged_step_metrics_once(runs: dict[str, Path]) -> None:
     """The main process logs the step's numbers of both processes (TRL's trainer_state.json,
     what report_to trackers get), once a step; the evaluation's apart, as eval_*."""
@@ -148,6 +150,7 @@ def test_two_processes_log_the_merged_step_metrics_once(runs: dict[str, Path]) -
 
 
 @pytest.mark.slow(seconds=120)
+@pytest.mark.long
 def test_two_processes_trace_the_evaluation_as_validate(runs: dict[str, Path]) -> None:
     records = _records(runs["example"])
     held_out = {q for q, _ in _example().PROBLEMS[8:]}
@@ -158,6 +161,7 @@ def test_two_processes_trace_the_evaluation_as_validate(runs: dict[str, Path]) -
 
 
 @pytest.mark.slow(seconds=60)
+@pytest.mark.long
 def test_evaluation_batches_are_validate_and_apart_in_export_report_and_flags(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -180,6 +184,7 @@ def test_evaluation_batches_are_validate_and_apart_in_export_report_and_flags(
 
 
 @pytest.mark.slow(seconds=60)
+@pytest.mark.long
 def test_an_environment_factorys_tool_calls_and_reward_are_traced(runs: dict[str, Path]) -> None:
     records = _records(runs["env"])
     assert len(records) == 8
@@ -201,6 +206,7 @@ def test_an_environment_factorys_tool_calls_and_reward_are_traced(runs: dict[str
 
 
 @pytest.mark.slow(seconds=60)
+@pytest.mark.long
 def test_thinking_is_its_own_field_and_the_export_decodes_tokens_without_flags(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -273,6 +279,7 @@ def test_the_export_loads_a_named_tokenizer_from_the_local_cache_or_says_why_not
 
 
 @pytest.mark.slow(seconds=60)
+@pytest.mark.long
 def test_a_rollout_funcs_model_and_environment_tokens_are_traced(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
