@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--long", action="store_true", help=(
         "also run the tests marked long (whole jobs: the main job's SmolLM2 run, TRL's SmolLM2 "
         "GRPO step and its runs on several processes, the chaos run, the quick benchmarks); "
-        "`python -m pytest --long -m long` runs only them, as CI does after the suite"))  # fmt: skip
+        "`python -m pytest --long -m long` runs only them, as CI does after it"))  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
