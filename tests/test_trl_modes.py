@@ -244,6 +244,7 @@ def _hub_cache(root: Path, repo: str, folder: Path) -> Path:
     return root
 
 
+@pytest.mark.long
 def test_the_export_loads_a_named_tokenizer_from_the_local_cache_or_says_why_not(
     runs: dict[str, Path],
 ) -> None:
