@@ -60,7 +60,8 @@ def _skip_long(config: pytest.Config, items: list[pytest.Item]) -> None:
     and verl tests it runs in their own venvs."""
     if config.getoption("long"):
         return
-    named = {Path(arg.split("::")[0]).resolve() for arg in config.args}
+    here = config.invocation_params.dir  # the args are relative to where pytest was started
+    named = {(here / arg.split("::")[0]).resolve() for arg in config.args}
     skip = pytest.mark.skip(reason="long (a whole job): python -m pytest --long -m long")
     for item in items:
         if item.get_closest_marker("long") is not None and item.path not in named:
