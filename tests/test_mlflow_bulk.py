@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,6 +100,21 @@ def _exporter(uri: str, monkeypatch: pytest.MonkeyPatch, *, bulk: bool) -> Mlflo
     return exporter
 
 
+PATHS = ("mlflow-path", "bulk")  # both_paths' store names: <folder>/<name>.db
+
+
+def both_paths(records: list[Any], folder: Path, monkeypatch: pytest.MonkeyPatch,
+               read: Callable[[str], Any]) -> tuple[Any, Any]:  # fmt: skip
+    """``records`` exported into a new sqlite store by each path: what ``read`` reads back
+    from the bulk writer's store and from MLflow's own path's, in that order."""
+    stored = {}
+    for name, bulk in zip(PATHS, (False, True), strict=True):
+        uri = f"sqlite:///{folder / name}.db"
+        _exporter(uri, monkeypatch, bulk=bulk).export(records)
+        stored[name] = read(uri)
+    return stored["bulk"], stored["mlflow-path"]
+
+
 def _stored(uri: str) -> dict[str, dict[str, Any]]:
     """Every trace as MLflow's client reads it back (search_traces, then get_trace)."""
     client = MlflowClient(tracking_uri=uri)
@@ -157,12 +174,7 @@ def test_bulk_and_mlflow_paths_store_the_same_traces(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = _records()
-    stores = {}
-    for name, bulk in (("mlflow-path", False), ("bulk", True)):
-        uri = f"sqlite:///{tmp_path / name}.db"
-        _exporter(uri, monkeypatch, bulk=bulk).export(records)
-        stores[name] = _stored(uri)
-    ours, theirs = stores["bulk"], stores["mlflow-path"]
+    ours, theirs = both_paths(records, tmp_path, monkeypatch, _stored)
     assert sorted(ours) == sorted(theirs) == sorted(f"tr-{r.trace_id}" for r in records)
     for trace_id, want in theirs.items():
         got = ours[trace_id]
@@ -190,13 +202,13 @@ def test_bulk_and_mlflow_paths_store_the_same_traces(
     assert len(search_traces(f"sqlite:///{tmp_path / 'bulk'}.db", EXP, "tags.step = '2'")) == 2
     # The rows themselves: each span's content JSON is the text MLflow's path writes, which
     # its span-attribute filters match (`"key": "value"`, with MLflow's separators).
-    texts = {name: _span_contents(f"sqlite:///{tmp_path / name}.db") for name in stores}
+    texts = {name: _span_contents(f"sqlite:///{tmp_path / name}.db") for name in PATHS}
     assert texts["bulk"] == texts["mlflow-path"]
     assert len(texts["bulk"]) == sum(len(r.spans) for r in records)
     for where in ("span.attributes.`mlflow.spanType` RLIKE 'TOOL'",
                   "span.attributes.tool_name LIKE '%calc%'"):  # fmt: skip
         found = {name: search_traces(f"sqlite:///{tmp_path / name}.db", EXP, where)
-                 for name in stores}  # fmt: skip
+                 for name in PATHS}  # fmt: skip
         assert len(found["bulk"]) == len(found["mlflow-path"]) == 4, where
 
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from tests.test_mlflow_bulk import _exporter
+from tests.test_mlflow_bulk import both_paths
 from tracer.record import SpanRecord, TrajectoryRecord
 
 T0 = 1_796_608_931_106_064_536  # ns since the epoch
@@ -74,13 +74,7 @@ def _rows(uri: str) -> dict[str, list[tuple[Any, ...]]]:
 def test_every_column_is_what_mlflows_path_stores(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = _records()
-    stored = {}
-    for name, bulk in (("mlflow-path", False), ("bulk", True)):
-        uri = f"sqlite:///{tmp_path / name}.db"
-        _exporter(uri, monkeypatch, bulk=bulk).export(records)
-        stored[name] = _rows(uri)
-    ours, theirs = stored["bulk"], stored["mlflow-path"]
+    ours, theirs = both_paths(_records(), tmp_path, monkeypatch, _rows)
     assert len(ours["spans"]) == 6 + 4 and ours["trace_request_metadata"] == []
     for table in TABLES:
         assert len(ours[table]) == len(theirs[table]), table
