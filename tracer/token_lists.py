@@ -61,8 +61,9 @@ def _summary(values: list[Any], *, ints: bool) -> str:
 
 
 def compact_lists(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]]]:
-    """A copy of ``value`` with long per-token lists summarized, and the ``(path, list)``
-    pairs that were taken out. ``value`` itself is not changed."""
+    """``value`` with long per-token lists summarized (new containers on the way to each one,
+    the rest shared), and the ``(path, list)`` pairs that were taken out. ``value`` itself is
+    not changed."""
     compacted, taken, _ = _compact(value)
     return compacted, taken
 
@@ -79,32 +80,64 @@ def compact_view(inputs: Any, outputs: Any) -> tuple[Any, Any, JsonText | None]:
 
 def _compact(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]], bool]:
     """:func:`compact_lists`, and whether every list taken holds ints only, at a path of str
-    and int keys (:func:`_ints_only`)."""
+    and int keys (:func:`_ints_only`). A container with nothing taken inside is returned as it
+    is (copy on write): most spans hold no token list, and their copies were thrown away."""
     taken: list[tuple[Path, list[Any]]] = []
     ints_only = True
 
     def walk(node: Any, path: Path) -> Any:
         nonlocal ints_only
         if isinstance(node, dict):
-            out = {}
+            out = None
             for key, child in node.items():
                 if type(child) in _LEAVES:  # most values: no path to build, nothing to walk
-                    out[key] = child
-                elif _is_token_key(key) and (types := _number_types(child)) is not None:
-                    ints = types == {int}
+                    continue
+                if _is_token_key(key) and (ints := _token_list(child)) is not None:
                     taken.append((where := [*path, key], child))
                     ints_only = ints_only and ints and _plain_path(where)
-                    out[key] = _summary(child, ints=ints)
+                    new = _summary(child, ints=ints)
                 else:
-                    out[key] = walk(child, [*path, key])
-            return out
+                    new = walk(child, [*path, key])
+                    if new is child:
+                        continue
+                if out is None:
+                    out = dict(node)  # a plain dict, the keys in their order, as before
+                out[key] = new
+            if out is not None:
+                return out
+            return node if type(node) is dict else dict(node)
         if isinstance(node, list):
             if set(map(type, node)) <= _LEAVES:  # no dict inside: nothing to take (C speed)
-                return list(node)
-            return [walk(child, [*path, i]) for i, child in enumerate(node)]
+                return node if type(node) is list else list(node)
+            items = [walk(child, [*path, i]) for i, child in enumerate(node)]
+            changed = any(new is not old for new, old in zip(items, node, strict=True))
+            return items if changed or type(node) is not list else node
         return node
 
     return walk(value, []), taken, ints_only
+
+
+_INT_LIST_BYTES = b"0123456789,-"  # orjson's text of a flat list of ints, less its brackets
+
+
+def _token_list(value: Any) -> bool | None:
+    """Whether ``value`` is a list of per-token numbers (:func:`_number_types`): True when
+    they are all ints, False when some are floats, None when it is not one. A list of plain
+    ints (the token ids, most of them) is told by orjson's text of it, ~4x faster than
+    looking at each item's type: ints only write digits, commas and minus signs, while a
+    float writes a point or an exponent, a flag or None letters, a nested list a bracket."""
+    if not isinstance(value, list) or len(value) < MIN_ITEMS:
+        return None
+    if type(value) is list:
+        try:
+            text = orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+        except TypeError:  # orjson.JSONEncodeError: past 64 bits, an int subclass, not JSON
+            pass
+        else:
+            if not text[1:-1].translate(None, _INT_LIST_BYTES):
+                return True
+    types = _number_types(value)
+    return None if types is None else types == {int}
 
 
 def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
