@@ -80,3 +80,51 @@ def test_every_column_is_what_mlflows_path_stores(
         assert len(ours[table]) == len(theirs[table]), table
         for got, want in zip(ours[table], theirs[table], strict=True):
             assert got == want, (table, [(g, w) for g, w in zip(got, want, strict=True) if g != w])
+
+
+def _builder(location: str) -> Any:
+    from tracer.backends.mlflow_bulk import _mlflow_parts
+    from tracer.backends.mlflow_bulk_rows import RowBuilder
+
+    return RowBuilder(_mlflow_parts(), 1, location, trace_id_of=lambda t: f"tr-{t}",
+                      reward_name="reward")  # fmt: skip
+
+
+@pytest.mark.parametrize("location", [
+    "/tmp/mlruns/1", "file:///tmp/ml runs/1", "s3://bucket/a/b?x=1#f",
+    "http://host:5000/api/2.0/mlflow-artifacts/artifacts/1", "mlflow-artifacts:/1", "",
+])  # fmt: skip
+def test_the_artifact_location_is_mlflows_for_every_id(location: str) -> None:
+    """The location made from a probe's (head, id, tail) is what MLflow's append_to_uri_path
+    gives, for ids of every shape (the odd ones are asked of MLflow)."""
+    b = _builder(location)
+    m = b.m
+    folder, artifacts = m.SqlAlchemyStore.TRACE_FOLDER_NAME, m.SqlAlchemyStore.ARTIFACTS_FOLDER_NAME
+    for tid in ("tr-" + "ab" * 16, "tr-0", "TR-x9", "a/../b", "ü", "a b", "a?b", "%41", ""):
+        assert b._location(tid) == m.append_to_uri_path(location, folder, tid, artifacts), tid
+
+
+def test_a_trace_tag_is_mlflows_answer_asked_once() -> None:
+    """A tag's stored (key, value) is what MLflow's validation gives (None: MLflow skips it),
+    the same when it is asked again (from the memo), and the memo stays bounded."""
+    from tracer.backends.mlflow_bulk_rows import TAG_MEMO
+
+    b = _builder("/tmp/mlruns/1")
+    m = b.m
+
+    def mlflows(key: str, value: Any) -> tuple[str, str] | None:
+        try:
+            return m._validate_trace_tag(key, str(m._try_parse_json_string(value)))  # type: ignore[no-any-return]
+        except Exception:
+            return None
+
+    cases = [("step", "0"), ("step", '"0"'), ("worker_id", '"vm:1"'), ("k", "v" * 10_000),
+             ("mlflow.traceName", '"name"'), ("", "x"), ("a" * 300, "x"), ("../k", "x"),
+             ("k", "[1, 2]"), ("k", None), ("k", 5)]  # fmt: skip
+    for key, value in cases:
+        assert b._tag(key, value) == mlflows(key, value), key
+        assert b._tag(key, value) == mlflows(key, value), key  # asked again
+    assert any(mlflows(k, v) is None for k, v in cases)  # the cases include skipped tags
+    for i in range(TAG_MEMO + 10):
+        b._tag("sample_index", str(i))
+    assert 0 < len(b._tag_memo) <= TAG_MEMO

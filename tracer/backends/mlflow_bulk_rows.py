@@ -25,6 +25,7 @@ from tracer.json_text import encode_function
 from tracer.record import TrajectoryRecord
 
 REQUEST_ID_KEY = "mlflow.traceRequestId"
+TAG_MEMO = 4096  # trace tags whose stored form is kept (RowBuilder._tag)
 
 
 @dataclass
@@ -70,6 +71,8 @@ class RowBuilder:
         self.reward_name = reward_name
         # json.dumps(cls=...) builds an encoder per call; this one keeps no state between calls
         self._encode = encode_function(parts.TraceJSONEncoder(ensure_ascii=False))
+        self._tag_memo: dict[tuple[str, Any], tuple[str, str] | None] = {}
+        self._location_parts: tuple[str, str] | tuple[()] | None = None
 
     def _content(self, translated: dict[str, Any]) -> str:
         """The span's content JSON, byte for byte what MLflow's ``_log_spans_once`` writes
@@ -256,31 +259,74 @@ class RowBuilder:
         self, trace_id: str, root: dict[str, Any] | None, info: dict[str, Any]
     ) -> list[dict[str, Any]]:
         m = self.m
-        location = m.append_to_uri_path(
-            self.artifact_location,
-            m.SqlAlchemyStore.TRACE_FOLDER_NAME,
-            trace_id,
-            m.SqlAlchemyStore.ARTIFACTS_FOLDER_NAME,
-        )
         tags = {
-            m.MLFLOW_ARTIFACT_LOCATION: location,
+            m.MLFLOW_ARTIFACT_LOCATION: self._location(trace_id),
             m.TraceTagKey.SPANS_LOCATION: m.SpansLocation.TRACKING_STORE.value,
         }
         prefix = m.SpanAttributeKey.TRACE_TAG_PREFIX
         for attr_key, attr_value in (root or {}).items():
             if not attr_key.startswith(prefix):
                 continue
-            try:
-                key, value = m._validate_trace_tag(
-                    attr_key[len(prefix) :], str(m._try_parse_json_string(attr_value))
-                )
-            except Exception:  # MLflow skips an invalid tag, too
+            tag = self._tag(attr_key[len(prefix) :], attr_value)
+            if tag is None:  # MLflow skips an invalid tag, too
                 continue
+            key, value = tag
             if key == m.TraceTagKey.TRACE_NAME:
                 info["trace_name"] = m.validate_trace_name(value)
             else:
                 tags[key] = value
         return [{"request_id": trace_id, "key": k, "value": v} for k, v in tags.items()]
+
+    def _tag(self, key: str, attr_value: Any) -> tuple[str, str] | None:
+        """The (key, value) MLflow stores of one ``mlflow.traceTag.<key>`` attribute (its
+        JSON string parsed, validated, the value truncated), None when MLflow skips it. A
+        trace's tags repeat from trace to trace (the worker, the step, the attempt, the end
+        reason), and MLflow's validation of one is ~10 us, so the answers of these pure
+        functions are kept, up to :data:`TAG_MEMO` of them (then forgotten all at once)."""
+        memo_key = (key, attr_value)
+        try:
+            return self._tag_memo[memo_key]
+        except KeyError:
+            pass
+        except TypeError:  # a value that cannot be a dict key: asked every time
+            return self._validated_tag(key, attr_value)
+        tag = self._validated_tag(key, attr_value)
+        if len(self._tag_memo) >= TAG_MEMO:
+            self._tag_memo.clear()
+        self._tag_memo[memo_key] = tag
+        return tag
+
+    def _validated_tag(self, key: str, attr_value: Any) -> tuple[str, str] | None:
+        m = self.m
+        try:
+            return m._validate_trace_tag(key, str(m._try_parse_json_string(attr_value)))  # type: ignore[no-any-return]
+        except Exception:
+            return None
+
+    def _location(self, trace_id: str) -> str:
+        """The trace's artifact location, as MLflow's ``append_to_uri_path`` makes it: the
+        experiment's location, the traces folder, the id, the artifacts folder. Made once for
+        a probe id; when the probe's location is that id between a fixed head and tail (a path
+        or a URL), later ones are the head, the id and the
+        tail, else asked of MLflow every time."""
+        m = self.m
+
+        def asked(tid: str) -> str:
+            return m.append_to_uri_path(  # type: ignore[no-any-return]
+                self.artifact_location,
+                m.SqlAlchemyStore.TRACE_FOLDER_NAME,
+                tid,
+                m.SqlAlchemyStore.ARTIFACTS_FOLDER_NAME,
+            )
+
+        if self._location_parts is None:
+            probe = "tr-" + "0" * 32
+            head, found, tail = asked(probe).partition(probe)
+            self._location_parts = (head, tail) if found and probe not in tail else ()
+        if not self._location_parts or not _opaque(trace_id):
+            return asked(trace_id)
+        head, tail = self._location_parts
+        return head + trace_id + tail
 
 
 def _span_dict(
@@ -318,6 +364,12 @@ def _span_dict(
         "attributes": attrs,
         "links": [],
     }
+
+
+def _opaque(segment: str) -> bool:
+    """Whether ``segment`` is ASCII letters, digits and dashes: what no URI or path function
+    changes (no slash, dot, percent, query or space)."""
+    return segment.isascii() and segment.replace("-", "").isalnum()
 
 
 def _b64(value: int, length: int) -> str:
