@@ -104,3 +104,48 @@ def test_attributes_mlflow_translates_go_through_its_translation(plain: dict[str
     assert stored_attributes(plain) is None
     # and MLflow's translation indeed changes or may change them (the reason for the detour)
     assert set(plain) <= set(mlflow_stores(plain))
+
+
+def test_a_spans_content_is_what_mlflows_encoder_writes() -> None:
+    """ContentText puts the content JSON together from its fields: the same text as MLflow's
+    TraceJSONEncoder on the span dict, for every attribute value above, odd names, times and
+    ids, and (through the encoder itself) spans with events or values of other types."""
+    from mlflow.tracing.utils import TraceJSONEncoder
+
+    from tracer.backends.mlflow_bulk_attrs import PIECE_MEMO, ContentText
+
+    encoder = TraceJSONEncoder(ensure_ascii=False)
+    content = ContentText(encoder.encode)
+
+    def span(attrs: Any, **fields: Any) -> dict[str, Any]:
+        d = {"trace_id": "q83vEjRWeJA=", "span_id": "AAAAAAAAAAE=", "parent_span_id": None,
+             "name": "generate", "start_time_unix_nano": 1, "end_time_unix_nano": 2,
+             "events": [], "status": {"code": "STATUS_CODE_OK", "message": ""},
+             "attributes": attrs, "links": []}  # fmt: skip
+        d.update(fields)
+        return d
+
+    spans = []
+    for value in VALUES:
+        attrs = stored_attributes({**io({"prompt": "p"}, value), "mlflow.spanType": "LLM"})
+        assert attrs is not None
+        spans.append(span(attrs))
+    odd = "ü \"q\" \\ \x00\t\n\u2028 😀"
+    spans += [
+        span({}, name=odd, parent_span_id="AAAAAAAAAAI=", end_time_unix_nano=None),
+        span({odd: odd}, status={"code": "STATUS_CODE_ERROR", "message": odd}),
+        span({"k": "v"}, start_time_unix_nano=-(2**70), end_time_unix_nano=2**70),
+        span({"k": "v"}, events=[{"name": "exception", "time_unix_nano": 3, "attributes": {}}]),
+        span({"k": 5, "n": None}),  # not strings: the encoder writes them
+        span({"k": "v"}, start_time_unix_nano=True),  # a flag: true, not 1
+        span({"k": "v"}, end_time_unix_nano=2.5),
+        span({"k": "v"}, name=5),
+        span({"k": Text("shown")}),  # a str subclass is written as the str it is
+        span({"k": "x" * 65, "j": "y" * 64}),  # past the memo's length, and at it
+    ]
+    for d in spans:
+        assert content(d) == encoder.encode(d), d
+        assert content(d) == encoder.encode(d), d  # the pairs kept are the same text
+    for i in range(PIECE_MEMO + 10):
+        content(span({"i": str(i)}))
+    assert 0 < len(content._pieces) <= PIECE_MEMO

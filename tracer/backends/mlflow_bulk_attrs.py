@@ -64,10 +64,23 @@ def stored_attributes(plain: dict[str, Any]) -> dict[str, str] | None:
     """What ``translate_span_when_storing`` stores of the span attributes ``plain`` (Python
     values, each to be written as ``encode_all_json`` writes it), or None when MLflow's
     translation must run."""
-    for key in plain:
-        if key not in INERT_KEYS and not key.startswith(INERT_PREFIXES):
-            return None
-    out = {key: stored_value(value) for key, value in plain.items()}
+    if not plain.keys() <= INERT_KEYS:  # most spans: one comparison of sets, in C
+        for key in plain.keys() - INERT_KEYS:
+            if not key.startswith(INERT_PREFIXES):
+                return None
+    out = {}
+    for key, value in plain.items():
+        if type(value) is str and len(value) <= _SHORT:  # kinds, types, names: they repeat
+            try:
+                out[key] = _STORED[value]
+                continue
+            except KeyError:
+                stored = _STORED[value] = stored_value(value)
+                if len(_STORED) > PIECE_MEMO:
+                    _STORED.clear()
+        else:
+            stored = stored_value(value)
+        out[key] = stored
     for key in _IO_KEYS:
         value = out.get(key)
         # MLflow fills the span's model from a "model" in its inputs or outputs (and looks
@@ -75,6 +88,11 @@ def stored_attributes(plain: dict[str, Any]) -> dict[str, str] | None:
         if value is None or '"model"' in value:
             return None
     return out
+
+
+# short strings' stored forms (stored_value is a pure function of the string: threads may
+# share this; a race costs one more call)
+_STORED: dict[str, str] = {}
 
 
 def stored_value(value: Any) -> str:
@@ -120,3 +138,60 @@ def _sanitized(encoded: str) -> str:
     except ValueError:  # json.JSONDecodeError
         pass
     return encoded
+
+
+PIECE_MEMO = 4096  # short attribute pairs whose JSON is kept (content_text)
+_SHORT = 64  # an attribute value this long or shorter is worth keeping (kinds, types, names)
+
+
+class ContentText:
+    """A span's content JSON as MLflow's encoder writes it (``TraceJSONEncoder``,
+    ``ensure_ascii=False``, its ``", "`` and ``": "`` separators), put together from its
+    fields for a span dict of the plain shape ``_span_dict`` makes (no events, string
+    attributes, integer times): each string is escaped by the very C function the encoder
+    escapes strings with, and the short attribute pairs that repeat from span to span (the
+    span's type and kind, a finish reason, a tool's name) are escaped once and kept. Anything
+    else goes to ``encode``, the encoder itself."""
+
+    def __init__(self, encode: Any) -> None:
+        self.encode = encode
+        self._pieces: dict[tuple[str, str], str] = {}
+
+    def __call__(self, d: dict[str, Any]) -> str:
+        name, start, end, parent = (d["name"], d["start_time_unix_nano"],
+                                    d["end_time_unix_nano"], d["parent_span_id"])  # fmt: skip
+        if (d["events"] or type(name) is not str or type(start) is not int
+                or (end is not None and type(end) is not int)
+                or (parent is not None and type(parent) is not str)):  # fmt: skip
+            return self.encode(d)  # type: ignore[no-any-return]
+        pieces = self._attributes(d["attributes"])
+        if pieces is None:
+            return self.encode(d)  # type: ignore[no-any-return]
+        q = encode_basestring
+        status = d["status"]
+        return "".join((
+            '{"trace_id": ', q(d["trace_id"]), ', "span_id": ', q(d["span_id"]),
+            ', "parent_span_id": ', "null" if parent is None else q(parent),
+            ', "name": ', q(name), ', "start_time_unix_nano": ', str(start),
+            ', "end_time_unix_nano": ', "null" if end is None else str(end),
+            ', "events": [], "status": {"code": ', q(status["code"]), ', "message": ',
+            q(status["message"]), '}, "attributes": {', ", ".join(pieces), '}, "links": []}',
+        ))  # fmt: skip
+
+    def _attributes(self, attrs: dict[str, Any]) -> list[str] | None:
+        memo = self._pieces
+        out = []
+        for key, value in attrs.items():
+            if type(key) is not str or not isinstance(value, str):
+                return None
+            if len(value) > _SHORT:
+                out.append(f"{encode_basestring(key)}: {encode_basestring(value)}")
+                continue
+            try:
+                out.append(memo[key, value])
+            except KeyError:
+                piece = memo[key, value] = f"{encode_basestring(key)}: {encode_basestring(value)}"
+                out.append(piece)
+                if len(memo) > PIECE_MEMO:
+                    memo.clear()
+        return out

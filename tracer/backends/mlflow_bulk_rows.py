@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from tracer.backends.mlflow_bulk_attrs import stored_attributes
+from tracer.backends.mlflow_bulk_attrs import ContentText, stored_attributes
 from tracer.backends.otel_spans import encode_all_json, span_attributes
 from tracer.json_text import encode_function
 from tracer.record import TrajectoryRecord
@@ -71,6 +71,7 @@ class RowBuilder:
         self.reward_name = reward_name
         # json.dumps(cls=...) builds an encoder per call; this one keeps no state between calls
         self._encode = encode_function(parts.TraceJSONEncoder(ensure_ascii=False))
+        self._plain_content = ContentText(self._encode)
         self._tag_memo: dict[tuple[str, Any], tuple[str, str] | None] = {}
         self._location_parts: tuple[str, str] | tuple[()] | None = None
 
@@ -143,8 +144,10 @@ class RowBuilder:
                 translated = m.translate_span_when_storing(
                     _SpanDict(_span_dict(record, span, trace_b64, parent_id, status, attrs))
                 )
+                content = self._content(translated)
             else:
                 translated = _span_dict(record, span, trace_b64, parent_id, status, attrs)
+                content = self._plain_content(translated)
             a = translated.get("attributes", {})
             tree.append((span_id, parent_id, a))
             has_usage = has_usage or keys.CHAT_USAGE in a
@@ -173,7 +176,7 @@ class RowBuilder:
                     "status": status,
                     "start_time_unix_nano": span.start_ns,
                     "end_time_unix_nano": span.end_ns,
-                    "content": self._content(translated),
+                    "content": content,
                     "input_cost": m.finite_float_or_none(cost.get("input_cost")),
                     "output_cost": m.finite_float_or_none(cost.get("output_cost")),
                     "total_cost": m.finite_float_or_none(cost.get("total_cost")),
