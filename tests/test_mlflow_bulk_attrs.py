@@ -149,3 +149,18 @@ def test_a_spans_content_is_what_mlflows_encoder_writes() -> None:
     for i in range(PIECE_MEMO + 10):
         content(span({"i": str(i)}))
     assert 0 < len(content._pieces) <= PIECE_MEMO
+
+
+def test_a_long_string_is_escaped_as_json_escapes_it() -> None:
+    """orjson escapes every code point as json's encode_basestring does (a lone surrogate,
+    which orjson refuses, goes to encode_basestring itself)."""
+    from json.encoder import encode_basestring
+
+    from tracer.backends.mlflow_bulk_attrs import _long_string
+
+    points = [*range(0xD800), *range(0xE000, 0x10000), 0x1F600, 0x10FFFF]
+    for start in range(0, len(points), 512):
+        text = "".join(map(chr, points[start : start + 512]))
+        assert _long_string(text) == encode_basestring(text)
+    for odd in ("\ud800", "a\udfff" * 40, '{"a": "\\u00e9"}' * 9):
+        assert _long_string(odd) == encode_basestring(odd)
