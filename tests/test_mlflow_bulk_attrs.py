@@ -15,7 +15,7 @@ pytest.importorskip("mlflow")
 from mlflow.tracing.otel.translation import translate_span_when_storing
 
 from tracer.backends.mlflow_bulk_attrs import INERT_KEYS, INERT_PREFIXES, stored_attributes
-from tracer.backends.mlflow_bulk_rows import _SpanDict
+from tracer.backends.mlflow_bulk_span import SpanDict
 from tracer.backends.otel_spans import encode_all_json
 from tracer.json_text import JsonText
 from tracer.token_lists import encode_full_lists
@@ -59,7 +59,7 @@ def mlflow_stores(plain: dict[str, Any]) -> dict[str, Any]:
     it; only the attributes matter)."""
     encoded = {k: encode_all_json(k, v) for k, v in plain.items()}
     span = {"name": "s", "events": [], "attributes": encoded}
-    return dict(translate_span_when_storing(_SpanDict(span))["attributes"])
+    return dict(translate_span_when_storing(SpanDict(span))["attributes"])
 
 
 def io(inputs: Any = None, outputs: Any = None) -> dict[str, Any]:

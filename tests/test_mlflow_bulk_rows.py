@@ -128,3 +128,25 @@ def test_a_trace_tag_is_mlflows_answer_asked_once() -> None:
     for i in range(TAG_MEMO + 10):
         b._tag("sample_index", str(i))
     assert 0 < len(b._tag_memo) <= TAG_MEMO
+
+
+def test_a_span_id_reads_as_it_did_read_as_a_number() -> None:
+    """The column's hex and the content's base64 of a span id, by bytes.fromhex for 16 hex
+    digits and as a number otherwise, are what reading it as a number gives."""
+    import base64
+
+    from tracer.backends.mlflow_bulk_span import id_forms
+
+    def as_number(hex_id: str) -> tuple[str, str]:
+        value = int(hex_id, 16)
+        return f"{value:016x}", base64.b64encode(value.to_bytes(8, "big")).decode()
+
+    for hex_id in ("0123456789abcdef", "0123456789ABCDEF", "ffffffffffffffff", "1", "0x1f",
+                   "00ab_cdef", "0000000000000001", " 123456789abcde"):  # fmt: skip
+        assert id_forms(hex_id) == as_number(hex_id), hex_id
+    # not a number, or past 8 bytes: an error, as before
+    for bad in ("xyz", "", "1" * 17, "12 34 56 78 9a"):
+        with pytest.raises((ValueError, OverflowError)):
+            as_number(bad)
+        with pytest.raises((ValueError, OverflowError)):
+            id_forms(bad)

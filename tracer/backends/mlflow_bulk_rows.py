@@ -9,7 +9,6 @@ JSON with MLflow's attribute translation applied) and the reward's ``assessments
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -20,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tracer.backends.mlflow_bulk_attrs import ContentText, stored_attributes
+from tracer.backends.mlflow_bulk_span import SpanDict, b64, id_forms, span_dict, span_type
 from tracer.backends.otel_spans import encode_all_json, span_attributes
 from tracer.json_text import encode_function
 from tracer.record import TrajectoryRecord
@@ -38,18 +38,6 @@ class TraceRows:
     spans: list[dict[str, Any]]
     metadata: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None
-
-
-class _SpanDict:
-    """What ``translate_span_when_storing`` reads of a span: ``to_dict()``."""
-
-    __slots__ = ("d",)
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.d = d
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.d
 
 
 class RowBuilder:
@@ -124,7 +112,7 @@ class RowBuilder:
         m = self.m
         keys = m.SpanAttributeKey
         trace_id = self.trace_id_of(record.trace_id)
-        trace_b64 = _b64(int(record.trace_id, 16), 16)
+        trace_b64 = b64(int(record.trace_id, 16), 16)
         spans: list[dict[str, Any]] = []
         # (span id, parent id, stored attributes) per span: MLflow's usage and cost nodes are
         # built only when a span holds usage or cost (with none, the totals are empty anyway)
@@ -135,18 +123,20 @@ class RowBuilder:
         session_id = user_id = None
         for i, span in enumerate(record.spans):
             plain = {REQUEST_ID_KEY: trace_id, **span_attributes(record, span, i == 0)}
-            span_id = f"{int(span.span_id, 16):016x}"
-            parent_id = f"{int(span.parent_id, 16):016x}" if span.parent_id else None
+            span_id, span_b64 = id_forms(span.span_id)
+            parent_id, parent_b64 = id_forms(span.parent_id) if span.parent_id else (None, None)
             status = "ERROR" if span.status == "ERROR" else "OK"
             attrs = stored_attributes(plain)
             if attrs is None:  # attributes MLflow's translators read: they decide
                 attrs = {k: encode_all_json(k, v) for k, v in plain.items()}
                 translated = m.translate_span_when_storing(
-                    _SpanDict(_span_dict(record, span, trace_b64, parent_id, status, attrs))
+                    SpanDict(
+                        span_dict(span, trace_b64, span_b64, parent_b64, status, attrs)
+                    )
                 )
                 content = self._content(translated)
             else:
-                translated = _span_dict(record, span, trace_b64, parent_id, status, attrs)
+                translated = span_dict(span, trace_b64, span_b64, parent_b64, status, attrs)
                 content = self._plain_content(translated)
             a = translated.get("attributes", {})
             tree.append((span_id, parent_id, a))
@@ -164,7 +154,7 @@ class RowBuilder:
                     cost = json.loads(raw_cost)
                 except (TypeError, ValueError):
                     cost = {}
-            span_type = plain.get(keys.SPAN_TYPE)
+            type_value = plain.get(keys.SPAN_TYPE)
             spans.append(
                 {
                     "trace_id": trace_id,
@@ -172,7 +162,7 @@ class RowBuilder:
                     "span_id": span_id,
                     "parent_span_id": parent_id,
                     "name": span.name,
-                    "type": _span_type(span_type),
+                    "type": span_type(type_value),
                     "status": status,
                     "start_time_unix_nano": span.start_ns,
                     "end_time_unix_nano": span.end_ns,
@@ -332,66 +322,10 @@ class RowBuilder:
         return head + trace_id + tail
 
 
-def _span_dict(
-    record: TrajectoryRecord,
-    span: Any,
-    trace_b64: str,
-    parent_id: str | None,
-    status: str,
-    attrs: dict[str, Any],
-) -> dict[str, Any]:
-    """``mlflow.entities.Span(to_readable_spans(record)[i]).to_dict()``, built directly."""
-    events = []
-    if span.error is not None:
-        events.append(
-            {
-                "name": "exception",
-                "time_unix_nano": span.end_ns,
-                "attributes": {
-                    "exception.type": span.error.get("type", ""),
-                    "exception.message": span.error.get("message", ""),
-                    "exception.stacktrace": span.error.get("traceback", ""),
-                },
-            }
-        )
-    message = (span.error or {}).get("message", "") if status == "ERROR" else ""
-    return {
-        "trace_id": trace_b64,
-        "span_id": _b64(int(span.span_id, 16), 8),
-        "parent_span_id": _b64(int(parent_id, 16), 8) if parent_id else None,
-        "name": span.name,
-        "start_time_unix_nano": span.start_ns,
-        "end_time_unix_nano": span.end_ns,
-        "events": events,
-        "status": {"code": f"STATUS_CODE_{status}", "message": message or ""},
-        "attributes": attrs,
-        "links": [],
-    }
-
-
 def _opaque(segment: str) -> bool:
     """Whether ``segment`` is ASCII letters, digits and dashes: what no URI or path function
     changes (no slash, dot, percent, query or space)."""
     return segment.isascii() and segment.replace("-", "").isalnum()
-
-
-def _b64(value: int, length: int) -> str:
-    return base64.b64encode(value.to_bytes(length, "big")).decode()
-
-
-def _span_type(value: Any) -> Any:
-    """The ``type`` column: the span type attribute's value read back from its JSON (a
-    string, the usual case, is itself)."""
-    if value is None or isinstance(value, str):
-        return value
-    return _json_value(encode_all_json("", value))
-
-
-def _json_value(raw: Any) -> Any:
-    try:
-        return json.loads(raw)
-    except (TypeError, ValueError):
-        return raw
 
 
 def _now_ms() -> int:
