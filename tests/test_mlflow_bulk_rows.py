@@ -82,6 +82,35 @@ def test_every_column_is_what_mlflows_path_stores(
             assert got == want, (table, [(g, w) for g, w in zip(got, want, strict=True) if g != w])
 
 
+def test_the_rollup_partitions_are_what_mlflows_path_names(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's rollups (off by default) read the partitions a batch touches; the bulk writer
+    hands them over as a generator, read only then. Read, they name the days and families
+    MLflow's own path names for the same records."""
+    from mlflow.store.tracking import sqlalchemy_store
+    from mlflow.store.tracking.utils import sql_trace_rollups
+
+    named: list[tuple[Any, ...]] = []
+
+    def enqueue(session: Any, partitions: Any) -> None:
+        named.extend((family, experiment, ts // 86_400_000)
+                     for family, experiment, days in partitions for ts in days)  # fmt: skip
+
+    for module in (sql_trace_rollups, sqlalchemy_store):
+        monkeypatch.setattr(module, "enqueue_rollup_rebuild_partitions", enqueue)
+    monkeypatch.setenv("MLFLOW_SQL_TRACE_ROLLUPS_ENABLED", "true")  # MLflow's path asks first
+
+    def read(uri: str) -> set[tuple[Any, ...]]:
+        out = set(named)
+        named.clear()
+        return out
+
+    ours, theirs = both_paths(_records(), tmp_path, monkeypatch, read)
+    seen = {family.value for family, _, _ in ours}
+    assert ours == theirs and seen == {"trace_metric", "assessment", "span_cost"}
+
+
 def _builder(location: str) -> Any:
     from tracer.backends.mlflow_bulk import _mlflow_parts
     from tracer.backends.mlflow_bulk_rows import RowBuilder

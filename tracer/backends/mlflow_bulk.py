@@ -41,7 +41,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -250,22 +250,11 @@ class BulkWriter:
         if not traces:
             return
         now_ms = _now_ms()
-        partitions: list[tuple[Any, int, list[int]]] = []
-        for t in traces:
-            ts = [t.info["timestamp_ms"]]
-            partitions.append((m.RollupFamily.TRACE_METRIC, self.experiment_id, ts))
-            partitions.append((m.RollupFamily.ASSESSMENT, self.experiment_id, ts))
-            partitions.extend(
-                (
-                    m.RollupFamily.SPAN_COST,
-                    self.experiment_id,
-                    [s["start_time_unix_nano"] // 1_000_000],
-                )
-                for s in t.spans
-            )
         with self.store.ManagedSessionMaker(read_only=False) as session:
-            # MLflow's writers lock the rollup queue first; so does this one.
-            m.enqueue_rollup_rebuild_partitions(session, partitions)
+            # MLflow's writers lock the rollup queue first; so does this one. The partitions
+            # are a generator: MLflow reads them only when its rollups are on (off by default),
+            # and building them was ~4 % of the export child's time
+            m.enqueue_rollup_rebuild_partitions(session, self._partitions(traces))
             if self.copy:
                 rows = _table_rows(traces, traces)
                 rows["assessments"] = [
@@ -289,6 +278,19 @@ class BulkWriter:
             for name, table_rows in rows.items():
                 if table_rows:
                     session.connection().execute(self._inserts[name], table_rows)
+
+    def _partitions(self, traces: list[TraceRows]) -> Iterator[tuple[Any, int, list[int]]]:
+        """The rollup partitions a batch touches, as MLflow's writers name them: per trace
+        its trace-metric and assessment days, per span its cost day."""
+        m = self.m
+        for t in traces:
+            ts = [t.info["timestamp_ms"]]
+            yield m.RollupFamily.TRACE_METRIC, self.experiment_id, ts
+            yield m.RollupFamily.ASSESSMENT, self.experiment_id, ts
+            for s in t.spans:
+                yield m.RollupFamily.SPAN_COST, self.experiment_id, [
+                    s["start_time_unix_nano"] // 1_000_000
+                ]
 
     def _stored(self, session: Any, traces: list[TraceRows]) -> set[str]:
         """Traces of the batch the store already holds (one indexed query per 500)."""
