@@ -31,6 +31,7 @@ def _is_token_key(key: Any) -> bool:
     return isinstance(key, str) and (key in ("ids", "mask") or key.endswith(_SUFFIXES))
 
 
+_PATH_TYPES = frozenset({str, int})
 _NUMBER_TYPES = frozenset({int, float})  # not bool: a list of flags is not per-token numbers
 _LEAVES = frozenset({str, int, float, bool, type(None)})  # nothing inside to summarize
 
@@ -170,7 +171,7 @@ def _ints_only(taken: list[tuple[Path, list[Any]]]) -> bool:
 
 def _plain_path(path: Path) -> bool:
     """Every key on ``path`` a plain str or int: orjson writes it as json does."""
-    return all(type(p) in (str, int) for p in path)
+    return set(map(type, path)) <= _PATH_TYPES  # in C: all() over a generator was ~3 % of a child
 
 
 def restore_lists(inputs: Any, outputs: Any, encoded: Any) -> tuple[Any, Any]:
