@@ -13,7 +13,7 @@ def _record() -> TrajectoryRecord:
     error = {"type": "E", "message": "m", "traceback": "t"}
     spans = [
         SpanRecord("a" * 16, None, "trajectory", "trajectory", 1, 9, inputs={"ids": [1, 2]}),
-        SpanRecord("b" * 16, "a" * 16, "tool", "tool", 2, 3, "ERROR", error, "in", ["out"], {"k": 1}),
+        SpanRecord("b" * 16, "a" * 16, "tool", "tool", 2, 3, "ERROR", error, "i", ["o"], {"k": 1}),
     ]
     return TrajectoryRecord("c" * 32, "trajectory", "p", "e", 3, 1, 0, False, "w", 1, 9,
                             reward=0.5, attempt=2, attributes={"x": "y"}, spans=spans)  # fmt: skip
