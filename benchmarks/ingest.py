@@ -3,6 +3,7 @@
     python -m benchmarks.ingest --quick                       # ~3 min: bulk curve, a short run
     python -m benchmarks.ingest --output ingest.md --json ingest.json   # quiet machine, ~30 min
     python -m benchmarks.ingest --only sustain,fault --sustain 60 --pin  # the 60 s run, a restart
+    python -m benchmarks.ingest --only held --pin         # 1,100 traces/s offered for 60 s
 
 Each writer is its own process (a rollout worker) running the tracer as a worker does: it makes
 trajectories of 20 spans (a root, 6 x generate/parse/tool, a reward) as fast as it can, ``n`` of
@@ -24,7 +25,9 @@ and the ones that ended). ``--pin`` runs the writers on CPU 0 and PostgreSQL on 
 makes its share on a fixed schedule: trajectory i at i / rate seconds from its start). The run
 says whether the rate was held (``made_per_s`` against ``offered_per_s``) and how long after
 the last trace was made the last one was durable (``drain_s``): "sustained" then means a held
-rate, not a backlog drained at the end.
+rate, not a backlog drained at the end. The **held** run (in the default set) is that run at
+``--held-rate`` (1,100 traces/s: 512 nodes at full sampling) for ``--sustain`` seconds, with
+the store's lag behind the rollout sampled in each writer every half second (``lag_s``).
 """
 
 from __future__ import annotations
@@ -98,21 +101,60 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float,
     print("ready", flush=True)  # every writer started (imports, export child): then all go
     sys.stdin.readline()
     cpu0 = tree_cpu_s(os.getpid())  # this process and its export child, past their start
+    made_at: list[float] = []  # when each trajectory was made
+    lags = _Lags(made_at)
     t0 = time.time()
     i = 0
     while (i < n) if seconds <= 0 else (time.time() - t0 < seconds):
         if rate > 0 and (wait := t0 + i / rate - time.time()) > 0:
             time.sleep(wait)  # the schedule: trajectory i at t0 + i / rate, late ones at once
         trace_one(i, ids)
+        made_at.append(time.time())
         i += 1
     made = time.time()
     ok = tracer.flush(timeout_s=1800)
     durable = time.time()
+    lags.stop()
     cpu = tree_cpu_s(os.getpid()) - cpu0
     m = tracer.metrics()
     tracer.shutdown()
     return {"n": i, "start": t0, "made": made, "durable": durable, "flush_ok": ok,
-            "dropped": m.get("tracer/mlflow/dropped", 0), "cpu_s": cpu}  # fmt: skip
+            "dropped": m.get("tracer/mlflow/dropped", 0), "cpu_s": cpu,
+            "lags": lags.samples(made)}  # fmt: skip
+
+
+class _Lags:
+    """How far the store trails the rollout, sampled every ``every_s`` in a writer: at each
+    sample, the seconds since the newest trajectory the store holds (the tracer's
+    ``tracer/mlflow/exported``: in the store, committed) was made. Trajectories are stored in
+    the order they are made, so the n-th stored is the n-th made."""
+
+    def __init__(self, made_at: list[float], every_s: float = 0.5) -> None:
+        self.made_at = made_at
+        self.taken: list[tuple[float, int]] = []  # (when, trajectories stored)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.taken.append((time.time(), int(tracer.metrics().get("tracer/mlflow/exported", 0))))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def samples(self, made: float) -> list[tuple[float, float]]:
+        """(when, lag in seconds) for each sample while trajectories were being made (the
+        drain after the last one is ``drain_s``); a sample before any was stored counts from
+        the first one made."""
+        out = []
+        for when, stored in self.taken:
+            if when > made or not self.made_at:
+                continue
+            newest = self.made_at[stored - 1] if stored else self.made_at[0]
+            out.append((round(when, 3), round(max(0.0, when - newest), 3)))
+        return out
 
 
 def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
@@ -151,11 +193,27 @@ def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
            "stderr_first_writer": results[0]["stderr"][-3000:]}  # fmt: skip
     if rate:
         out["offered_per_s"], out["made_per_s"] = rate, round(total / made, 1)
+        out["lag_s"] = _lag_summary([r["lags"] for r in results], start)
     if pg_pid and not during:
         out["pg_cpu_s_per_1k"] = round((after["pg"] - before["pg"]) * k, 2)
     if server_pid:
         out["server_cpu_s_per_1k"] = round((after["server"] - before["server"]) * k, 2)
     return out
+
+
+def _lag_summary(per_writer: list[list[tuple[float, float]]], start: float) -> dict[str, Any]:
+    """The writers' lag samples together: the median and the largest, and the largest in each
+    tenth of the run (does it grow: a backlog, or hold: a rate the store keeps up with)."""
+    lags = sorted(lag for samples in per_writer for _, lag in samples)
+    if not lags:
+        return {}
+    end = max(when for samples in per_writer for when, _ in samples)
+    tenths = [0.0] * 10
+    for samples in per_writer:
+        for when, lag in samples:
+            k = min(9, int(10 * (when - start) / max(end - start, 1e-9)))
+            tenths[k] = max(tenths[k], lag)
+    return {"p50": lags[len(lags) // 2], "max": lags[-1], "max_by_tenth": tenths}
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
@@ -167,7 +225,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     only = set(a.only.split(","))
     counts = tuple(int(x) for x in a.writers.split(","))
     out: dict[str, Any] = {"n": a.n, "curve": {}, "runs": {}, "pin": a.pin}
-    names = ["server1", "server2", "bulk", "sustain", "fault"]
+    names = ["server1", "server2", "bulk", "sustain", "held", "fault"]
     with tempfile.TemporaryDirectory(prefix="ingest-") as tmp, \
             temporary_cluster(*names) as cluster:  # fmt: skip
         db = dict(zip(names, cluster.uris, strict=True))
@@ -206,6 +264,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                         pg_pid=pg)  # fmt: skip
             out["runs"]["sustain"] = r
             record(f"bulk sustained {a.sustain} s, 8 writers", r)
+        if "held" in only:
+            r = measure(db["held"], "held", 8, 0, seconds=a.sustain, rate=a.held_rate, pin=pin,
+                        pg_pid=pg)  # fmt: skip
+            out["runs"]["held"] = r
+            record(f"bulk held at {a.held_rate:g} traces/s offered, {a.sustain} s, 8 writers", r)
         if "fault" in only:
             restarted: list[float] = []
 
@@ -262,11 +325,22 @@ def render(r: dict[str, Any]) -> str:
                      f"{s['stored']}/{s['total']} | {s['writer_cpu_s_per_1k']} | "
                      f"{s.get('pg_cpu_s_per_1k', '-')} | "
                      f"{s.get('server_cpu_s_per_1k', '-')} |")  # fmt: skip
-    held = r["runs"].get("sustain", {})
-    if held.get("offered_per_s"):
-        lines += ["", f"Held rate: {held['offered_per_s']} traces/s offered, {held['made_per_s']} "
-                  f"made, {held['traces_per_s']} durable over the run; the last durable "
-                  f"{held['drain_s']} s after the last made."]  # fmt: skip
+    for key in ("sustain", "held"):
+        held = r["runs"].get(key, {})
+        if not held.get("offered_per_s"):
+            continue
+        lag = held.get("lag_s") or {}
+        verdict = ("held" if held["made_per_s"] >= 0.97 * held["offered_per_s"]
+                   and held["drain_s"] <= 5 else "not held")  # fmt: skip
+        lines += ["", f"Held rate ({key}): {held['offered_per_s']} traces/s offered, "
+                  f"{held['made_per_s']} made, {held['traces_per_s']} durable over the run "
+                  f"({held['stored']} of {held['total']} stored); the last durable "
+                  f"{held['drain_s']} s after the last made; the store's lag behind the "
+                  f"rollout while it ran: median {lag.get('p50')} s, largest {lag.get('max')} "
+                  f"s, largest by tenth of the run {lag.get('max_by_tenth')}: the rate was "
+                  f"**{verdict}**; CPU-s per 1,000 traces: writers "
+                  f"{held['writer_cpu_s_per_1k']}, PostgreSQL "
+                  f"{held.get('pg_cpu_s_per_1k')}."]  # fmt: skip
     if "fault" in r["runs"]:
         f = r["runs"]["fault"]
         lines += ["", f"Fault run: PostgreSQL restarted once (`pg_ctl restart -m fast`); stored "
@@ -290,10 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writers", default="1,2,4,8,16", help="writer counts of the curve")
     p.add_argument("--server-writers", default="", help="writer counts for the server paths")
     p.add_argument("--server-n", type=int, default=0, help="trajectories per server writer")
-    p.add_argument("--only", default="server1,server2,bulk,sustain,fault")
+    p.add_argument("--only", default="server1,server2,bulk,sustain,held,fault")
     p.add_argument("--sustain", type=float, default=60.0, help="seconds of the sustained run")
     p.add_argument("--rate", type=float, default=0.0,
                    help="the sustained run: traces/s offered, all writers together (0: flat out)")
+    p.add_argument("--held-rate", type=float, default=float(TARGETS[2]),
+                   help="the held run: traces/s offered, all writers together")
     p.add_argument("--pin", action="store_true", help="writers on CPU 0, PostgreSQL on CPU 1")
     p.add_argument("--quick", action="store_true",
                    help="minutes: small n, server at 1 and 4 writers, 5 s runs")  # fmt: skip

@@ -89,3 +89,19 @@ def test_a_writers_cpu_counts_a_child_started_by_another_thread() -> None:
         child.wait()
         done.set()
         starter.join()
+
+
+def test_the_lag_is_since_the_newest_stored_trajectory_was_made() -> None:
+    """A writer's lag samples: at each, the seconds since the newest stored trajectory was
+    made (none stored: since the first was made); samples after the last one was made are
+    the drain, not the lag. The summary takes all writers' samples together."""
+    from benchmarks.ingest import _lag_summary, _Lags
+
+    lags = _Lags([10.0, 11.0, 12.0], every_s=3600)  # its thread samples nothing here
+    lags.stop()
+    lags.taken = [(10.5, 0), (11.5, 1), (12.5, 3), (14.0, 3)]
+    assert lags.samples(made=13.0) == [(10.5, 0.5), (11.5, 1.5), (12.5, 0.5)]
+    summary = _lag_summary([lags.samples(13.0), [(12.0, 4.0)]], start=10.0)
+    assert summary["p50"] == 1.5 and summary["max"] == 4.0
+    assert summary["max_by_tenth"] == [0, 0, 0.5, 0, 0, 0, 1.5, 0, 4.0, 0.5]
+    assert _lag_summary([[]], start=0.0) == {}
