@@ -53,9 +53,10 @@ def summary(values: list[Any]) -> str:
 
 
 def _summary(values: list[Any], *, ints: bool) -> str:
+    if ints:  # known to be plain ints: a list's own str is their str()s joined by ", "
+        return f"{len(values)} items: [{str(values[:EDGE])[1:-1]}, …, {str(values[-EDGE:])[1:-1]}]"
+
     def fmt(xs: list[Any]) -> str:
-        if ints:  # known to be ints: no type to look at
-            return ", ".join(map(str, xs))
         return ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in xs)
 
     return f"{len(values)} items: [{fmt(values[:EDGE])}, …, {fmt(values[-EDGE:])}]"
