@@ -157,6 +157,23 @@ def test_ids_do_not_follow_random_seed() -> None:
     assert new_trace_id() != a
 
 
+def test_trace_ids_begin_with_the_time_and_end_random() -> None:
+    """Ids made one after another sort in the order they were made (a store's id indexes
+    then grow at one end) and differ in their 80 random bits, whatever random.seed says."""
+    import time
+
+    before = time.time_ns() // 1_000_000
+    ids = []
+    for _ in range(2000):
+        random.seed(0)
+        ids.append(new_trace_id())
+    after = time.time_ns() // 1_000_000
+    assert all(before <= i >> 80 <= after for i in ids)
+    assert [i >> 80 for i in ids] == sorted(i >> 80 for i in ids)
+    assert len({i & ((1 << 80) - 1) for i in ids}) == len(ids)
+    assert all(len(f"{i:032x}") == 32 for i in ids)
+
+
 _SEEDED_RUN = """
 import random, sys
 import numpy as np

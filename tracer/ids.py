@@ -5,6 +5,14 @@ RL scripts seed the global ``random`` in every worker and on every rerun; ids dr
 repeat across processes and runs, and every backend upserts by trace id, so a second run would
 silently overwrite the first. A private ``random.Random`` keeps ``getrandbits`` speed (a C call
 on the hot path) without sharing state with anything the user seeds.
+
+A trace id begins with the time it was made, in milliseconds (48 bits), and ends with 80
+random bits, as a UUIDv7 does: stores index traces by id (MLflow: every ``spans`` row's
+primary key, the tags', the trace's), and ids made one after another then land next to each
+other in those indexes instead of on a random page of a store that outgrew memory. Measured
+on PostgreSQL-backed MLflow holding ~21,000 traces: 13-20 % less of PostgreSQL's CPU a trace
+and less WAL (docs/scale-out.md). Uniqueness rests on the 80 random bits (two ids of one
+millisecond collide with odds of 2^-80), whatever the clocks of two hosts say.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import time
 
 _rng = random.Random(os.urandom(32))
 
@@ -30,9 +39,14 @@ def new_span_id() -> int:
     return _rng.getrandbits(64) or 1
 
 
+_MS_BITS = 48  # milliseconds since the epoch fit until the year 10889
+_RANDOM_BITS = 128 - _MS_BITS
+
+
 def new_trace_id() -> int:
-    """A non-zero 128-bit trace id."""
-    return _rng.getrandbits(128) or 1
+    """A non-zero 128-bit trace id: the time in milliseconds, then 80 random bits."""
+    ms = (time.time_ns() // 1_000_000) & ((1 << _MS_BITS) - 1)
+    return (ms << _RANDOM_BITS | _rng.getrandbits(_RANDOM_BITS)) or 1
 
 
 def derived_trace_id(salt: str, *identity: object) -> str:
