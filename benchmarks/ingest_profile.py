@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         assert writer is not None
         freeze_long_lived()  # as the export child does once its backend is made
         print(f"## writer: CPU us a trace of 20 spans ({a.n} traces, batches of {a.batch})")
-        for stage, us in _writer(writer, records, a.batch).items():
+        for stage, us in _writer(writer, records[: a.n], a.batch).items():
             print(f"  {stage:40s} {us:8.1f}")
 
         config = TraceConfig(backend=None, tracking_uri=uri, project_name="profile")
