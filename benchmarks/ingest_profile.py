@@ -17,13 +17,24 @@ One process, one throwaway PostgreSQL, the trajectories benchmarks/ingest.py mak
 - **PostgreSQL**: the CPU of the server's processes while the batches are written (the
   postmaster's tree, from /proc), the WAL it wrote, and per table the rows a trace adds, the
   foreign keys each row is checked against and the indexes each row updates; per statement
-  its calls per batch and execution time a trace (``pg_stat_statements``).
+  its calls per batch and execution time a trace (``pg_stat_statements``);
+- **where PostgreSQL's CPU goes** (``--perf``, as root with ``perf`` installed): as many
+  traces again, written while ``perf record -a --call-graph dwarf`` samples the machine, and
+  the server's samples shared out by what they were doing (foreign-key checks, index
+  inserts, heap, TOAST, COPY parsing, commit, the background processes). Its own window:
+  sampling stacks costs CPU that the figure above must not include.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -144,6 +155,89 @@ def _schema(uri: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+# What a PostgreSQL backend's sample was doing: the first part here (outermost first) whose
+# functions are on its stack. Names from the server binary's dynamic symbols (Debian strips
+# the rest; a static function reads as an address and is counted under its caller).
+_PARTS = (
+    ("commit", ("CommitTransactionCommand",)),
+    ("foreign-key checks (a query a row and key)", ("AfterTriggerEndQuery",)),
+    ("index inserts", ("ExecInsertIndexTuples",)),
+    ("TOAST (lz4 of large values)", ("heap_toast_insert_or_update",)),
+    ("heap insert: relation extension", ("smgrextend",)),
+    ("heap insert", ("heap_multi_insert", "heap_insert")),
+    ("COPY parsing", ("NextCopyFrom",)),
+    ("COPY's other work a row (generated column, slots)", ("CopyFrom",)),
+    ("statements' other work (parse, plan, executor)", ("PostgresMain",)),
+)
+_BACKGROUND = "background processes (WAL writer, checkpointer, ...)"
+# shares across the parts above: functions wherever they are on a stack
+_ANYWHERE = (
+    ("  of which executor start and end of foreign-key checks",
+     ("AfterTriggerEndQuery",), ("standard_ExecutorStart", "standard_ExecutorEnd")),
+    ("WAL insert (XLogInsert, anywhere)", (), ("XLogInsert",)),
+    ("btree key compares (_bt_compare, anywhere)", (), ("_bt_compare",)),
+)
+
+
+def _perf_start(path: str) -> subprocess.Popen[bytes] | str:
+    """``perf record`` of the whole machine with call stacks (dwarf: the server has no frame
+    pointers), or why not."""
+    if not shutil.which("perf"):
+        return "perf is not installed"
+    perf = subprocess.Popen(
+        ["perf", "record", "-a", "-F", "499", "--call-graph", "dwarf,32768", "-o", path],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    time.sleep(1.5)  # perf is sampling from here
+    if perf.poll() is not None:
+        assert perf.stderr is not None
+        return f"perf record failed: {perf.stderr.read().decode()[-300:]}"
+    return perf
+
+
+def _perf_shares(path: str, postmaster: int) -> list[tuple[str, float]]:
+    """The server's samples in ``path`` by part (per cent of the server's samples); the
+    processes are the postmaster's children (backends: those with ``PostgresMain`` on a
+    stack)."""
+    pids = [postmaster] + [
+        int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == postmaster
+    ]  # fmt: skip
+    out = subprocess.run(
+        ["perf", "script", "-i", path, "-F", "pid,ip,sym", "--pid", ",".join(map(str, pids))],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    samples: list[tuple[int, list[str]]] = []
+    for block in out.split("\n\n"):
+        lines = block.strip("\n").split("\n")
+        if lines and lines[0].strip().isdigit():
+            frames = [line.split(None, 1)[1] if " " in line.strip() else "?" for line in lines[1:]]
+            samples.append((int(lines[0]), [f.strip() for f in frames]))
+    backends = {pid for pid, frames in samples if "PostgresMain" in frames}
+    counts: collections.Counter[str] = collections.Counter()
+    for pid, frames in samples:
+        on_stack = set(frames)
+        if pid not in backends:
+            counts[_BACKGROUND] += 1
+            continue
+        part = next((name for name, fns in _PARTS if on_stack.intersection(fns)), "other")
+        counts[part] += 1
+        for name, within, fns in _ANYWHERE:
+            if on_stack.issuperset(within) and on_stack.intersection(fns):
+                counts[name] += 1
+    parts = [name for name, _ in _PARTS] + ["other", _BACKGROUND]
+    total = max(sum(counts[name] for name in parts), 1)
+    return [(name, 100 * counts[name] / total) for name in parts + [n for n, _, _ in _ANYWHERE]]
+
+
+def _ppid(pid: int) -> int:
+    """``pid``'s parent, or -1 when it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.ingest_procs import tree_cpu_s
     from benchmarks.postgres import postgres_available, temporary_cluster
@@ -157,11 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--process", action="store_true",
                    help="also trace the trajectories for real from this process (with its "
                         "export child) and print both processes' CPU a trace")
+    p.add_argument("--perf", action="store_true",
+                   help="also write as many traces again under perf record and print where "
+                        "PostgreSQL's CPU went (root, perf installed)")
     a = p.parse_args(argv)
     if why := postgres_available():
         print(f"skipped: {why}")
         return 0
-    records = _records(a.n)
+    records = _records(a.n * 2 if a.perf else a.n)
     with temporary_cluster("stages", "postgres_side", "process") as cluster:
         stages_uri, uri, process_uri = cluster.uris
         config = TraceConfig(backend=None, tracking_uri=stages_uri, project_name="profile")
@@ -169,13 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         assert writer is not None
         freeze_long_lived()  # as the export child does once its backend is made
         print(f"## writer: CPU us a trace of 20 spans ({a.n} traces, batches of {a.batch})")
-        for stage, us in _writer(writer, records, a.batch).items():
+        for stage, us in _writer(writer, records[: a.n], a.batch).items():
             print(f"  {stage:40s} {us:8.1f}")
 
         config = TraceConfig(backend=None, tracking_uri=uri, project_name="profile")
         writer = MlflowExporter(config).bulk
         assert writer is not None
-        views = [mlflow_view(r) for r in records]
+        views = [mlflow_view(r) for r in records[: a.n]]
         _sql(uri, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         _sql(uri, "CHECKPOINT")
         [(lsn,)] = _sql(uri, "SELECT pg_current_wal_lsn()")
@@ -189,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         [(wal,)] = _sql(uri, f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{lsn}')")
         batches = -(-a.n // a.batch)
         print(f"\n## PostgreSQL: CPU {cpu:.0f} us a trace (its processes), WAL "
-              f"{float(wal) / a.n / 1024:.1f} KiB a trace")  # fmt: skip
+              f"{float(wal) / a.n / 1024:.1f} KiB a trace; load average (1, 5, 15 min) "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
         print("  table                   rows a trace  foreign keys a row  indexes a row")
         for table, (fks, indexes) in _schema(uri).items():
             [(rows,)] = _sql(uri, f"SELECT count(*) FROM {table}")
@@ -202,6 +300,23 @@ def main(argv: list[str] | None = None) -> int:
         for query, calls, total in statements:
             print(f"  {total / a.n * 1000:10.1f} {calls / batches:14.1f}  "
                   f"{' '.join(query.split())[:90]}")  # fmt: skip
+        if a.perf:
+            with tempfile.TemporaryDirectory(prefix="rt-perf-") as folder:
+                path = os.path.join(folder, "perf.data")
+                perf = _perf_start(path)
+                if isinstance(perf, str):
+                    print(f"\n## where PostgreSQL's CPU goes: skipped: {perf}")
+                else:
+                    views = [mlflow_view(r) for r in records[a.n :]]
+                    for i in range(0, len(views), a.batch):
+                        writer.write(views[i : i + a.batch])
+                    time.sleep(1)
+                    perf.send_signal(signal.SIGINT)
+                    perf.wait(timeout=120)
+                    print(f"\n## where PostgreSQL's CPU goes: per cent of its samples ({a.n} "
+                          "more traces, perf record -a --call-graph dwarf)")  # fmt: skip
+                    for part, share in _perf_shares(path, pg):
+                        print(f"  {share:5.1f}  {part}")
         if a.process:
             print(f"\n## traced for real: CPU us a trace ({a.n} traces, the export child on)")
             for side, us in _process(process_uri, a.n).items():
