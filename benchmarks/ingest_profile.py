@@ -3,6 +3,9 @@
     python -m benchmarks.ingest_profile [--n 2048] [--batch 256]
 
 One process, one throwaway PostgreSQL, the trajectories benchmarks/ingest.py makes (20 spans).
+``--store N``: the PostgreSQL side writes into a store that already holds N traces (made and
+written the same way first), as a store of a running job does: its id indexes no longer fit a
+few pages.
 
 - **writer**: what the export child does with a batch, stage by stage, in CPU microseconds a
   trace (``time.process_time``, the best of three rounds; the process's long-lived objects
@@ -56,6 +59,21 @@ def _records(n: int) -> list[Any]:
     records = list(InMemoryExporter.latest().records)
     tracer.reset()
     return records
+
+
+def _prefill(writer: Any, n: int, batch: int) -> int:
+    """``n`` traces made and written as the measured ones are, 2,048 at a time (their records
+    are not kept); returns how many the store holds."""
+    from tracer.backends.mlflow_backend import mlflow_view
+
+    done = 0
+    while done < n:
+        views = [mlflow_view(r) for r in _records(min(2048, n - done))]
+        for i in range(0, len(views), batch):
+            writer.write(views[i : i + batch])
+        done += len(views)
+    [(held,)] = _sql(writer.store.db_uri, "SELECT count(*) FROM trace_info")
+    return int(held)
 
 
 def _cpu_us(n: int, work: Callable[[], Any], rounds: int = 3) -> float:
@@ -251,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--process", action="store_true",
                    help="also trace the trajectories for real from this process (with its "
                         "export child) and print both processes' CPU a trace")
+    p.add_argument("--store", type=int, default=0,
+                   help="traces the PostgreSQL side's store holds before its measured window "
+                        "(written the same way, in batches): a store that grew, not an empty one")
     p.add_argument("--perf", action="store_true",
                    help="also write as many traces again under perf record and print where "
                         "PostgreSQL's CPU went (root, perf installed)")
@@ -258,9 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     if why := postgres_available():
         print(f"skipped: {why}")
         return 0
-    records = _records(a.n * 2 if a.perf else a.n)
     with temporary_cluster("stages", "postgres_side", "process") as cluster:
         stages_uri, uri, process_uri = cluster.uris
+        if a.store:
+            config = TraceConfig(backend=None, tracking_uri=uri, project_name="profile")
+            held = _prefill(MlflowExporter(config).bulk, a.store, a.batch)
+            print(f"## the PostgreSQL side's store holds {held} traces before its window")
+        records = _records(a.n * 2 if a.perf else a.n)  # made after those: newer ids
         config = TraceConfig(backend=None, tracking_uri=stages_uri, project_name="profile")
         writer = MlflowExporter(config).bulk
         assert writer is not None
