@@ -514,3 +514,27 @@ def test_the_per_field_pass_decodes_only_the_json_that_holds_a_secret() -> None:
     out = Redactor([]).value(args)
     assert out["messages"] == [{"role": "user", "content": "my key is [REDACTED]"}]
     assert out["prompt_ids"] is args["prompt_ids"]  # nothing to change: its bytes stay
+
+
+def test_a_records_line_holds_every_field_in_order() -> None:
+    # encode_record writes the fields out by name (tracer/encode.py says why): a field added
+    # to the record or a span shows here
+    record = _record("some text")
+    record.spans[0].error = {"type": "ValueError", "message": "m", "traceback": "t"}
+    assert encode_record(record) == encode(record.to_dict())
+    assert list(json.loads(encode_record(record))) == [
+        f.name for f in dataclasses.fields(TrajectoryRecord)]
+    assert list(json.loads(encode_record(record))["spans"][0]) == [
+        f.name for f in dataclasses.fields(SpanRecord)]
+
+
+def test_encoding_a_record_leaves_it_no_instance_dicts() -> None:
+    # orjson would read each dataclass through a __dict__ the instance then keeps: objects
+    # for the garbage collector while the record waits for export
+    import gc
+
+    records = [_record(f"text {i}") for i in range(50)]
+    before = sum(type(o) is dict for o in gc.get_objects())
+    lines = [encode_record(r) for r in records]
+    assert sum(type(o) is dict for o in gc.get_objects()) - before < len(records)
+    assert lines[0] == encode(records[0].to_dict())
