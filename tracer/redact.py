@@ -85,48 +85,78 @@ _AS_WRITTEN = {"aws-access-key": ("AKIA", "ASIA"), "hf-token": ("hf_",), "openai
                "github-fine-grained": ("github_pat_",), "gcp-api-key": ("AIza",),
                "slack-token": ("xox",), "jwt": ("eyJ",),
                "private-key": ("PRIVATE KEY",)}  # fmt: skip
-# Bytes common in records (token ids, English text, our own JSON keys): never anchors
+# Bytes common in records (token ids, English text, our own JSON keys): anchors of last resort
 _COMMON = frozenset(b' ,0123456789":etaoinsrlhcdumpf_.{}[]bhOKTUYPL')
 _LESS_COMMON = b"kyvxgwjqz-"  # from more to less common; a byte in neither is rarer still
-_MAX_ANCHOR_HITS = 24
+# Past this many false hits of its anchor a gate searches for its literal instead: each hit
+# costs a Python step, about what ``re`` takes to search a few kB
+_MAX_ANCHOR_HITS = 8
+_SEARCH_ONLY_CALLS = 256  # a gate whose literal has no rare byte searches this long, then looks
+# JSON's punctuation and digits, in no built-in literal: the gates look at a line without them
+# (a record's token ids and timestamps are most of its bytes); a literal there is still whole
+_NOT_IN_LITERALS = b'0123456789,":{}[]'
 
 
-def _anchor(literal: bytes) -> int | None:
-    """The index of the rarest byte of ``literal`` in records; None when all are common."""
-    rare = [i for i, b in enumerate(literal) if b not in _COMMON]
-    if not rare:
-        return None
+def _static_order(literal: bytes) -> list[int]:
+    """The indices of ``literal``'s distinct bytes, from the rarest in records to the most
+    common (by the tables above)."""
     order = {b: rank for rank, b in enumerate(_LESS_COMMON)}
-    return max(rare, key=lambda i: order.get(literal[i], len(_LESS_COMMON)))
+    first = {b: i for i, b in reversed(list(enumerate(literal)))}
+    return sorted(first.values(), key=lambda i: (literal[i] in _COMMON,
+                                                 -order.get(literal[i], len(_LESS_COMMON))))
 
 
-def _occurs(data: bytes, literal: bytes, at: int | None, search: Any) -> bool:
-    """``literal in data``, found through its byte at ``at`` when it has a rare one: one byte
-    is found at memchr speed, while a search for several compares at nearly every position
-    (ten times slower over a record). When that byte turns up too often, or there is none,
-    ``search`` (the literal as a compiled regex: ``re`` finds a literal about twice as fast as
-    ``bytes.__contains__`` here) decides."""
-    if at is None:
-        return search(data) is not None
-    anchor = literal[at]
-    pos = data.find(anchor)
-    hits = 0
-    while pos >= 0:
-        start = pos - at
-        if start >= 0 and data.startswith(literal, start):
-            return True
-        hits += 1
-        if hits > _MAX_ANCHOR_HITS:
-            return search(data) is not None
-        pos = data.find(anchor, pos + 1)
-    return False
+class _Gate:
+    """Whether a literal occurs in a record's line: through one of its bytes, the one rarest
+    in the records seen (one byte is found at memchr speed, while a search for several
+    compares at nearly every position), else by ``search`` (the literal as a compiled regex:
+    ``re`` finds a literal about twice as fast as ``bytes.__contains__`` here). The choice only
+    changes the cost: every way gives the same answer (so two threads may share a gate)."""
+
+    __slots__ = ("at", "literal", "order", "search", "searches_left")
+
+    def __init__(self, literal: bytes, search: Any, anchored: bool = True) -> None:
+        self.literal = literal
+        self.search = search
+        self.order = _static_order(literal) if anchored else []  # empty: search only
+        rare = [i for i in self.order if literal[i] not in _COMMON]
+        self.at: int | None = rare[0] if rare else None
+        self.searches_left = _SEARCH_ONLY_CALLS
+
+    def __call__(self, data: bytes) -> bool:
+        at = self.at
+        if at is None:
+            if self.order:
+                self.searches_left -= 1
+                if self.searches_left <= 0:
+                    self._choose(data)
+            return self.search(data) is not None
+        literal = self.literal
+        anchor = literal[at]
+        pos = data.find(anchor)
+        hits = 0
+        while pos >= 0:
+            start = pos - at
+            if start >= 0 and data.startswith(literal, start):
+                return True
+            hits += 1
+            if hits > _MAX_ANCHOR_HITS:
+                self._choose(data)
+                return self.search(data) is not None
+            pos = data.find(anchor, pos + 1)
+        return False
+
+    def _choose(self, data: bytes) -> None:
+        """Anchor on the literal's byte that is rarest in ``data`` (a record like the next
+        ones); none when even that one is common: search, and look again later."""
+        literal = self.literal
+        counts = [(data.count(literal[i]), i) for i in self.order]
+        hits, at = min(counts)
+        self.at = at if hits <= _MAX_ANCHOR_HITS else None
+        self.searches_left = _SEARCH_ONLY_CALLS
 
 
-def _gate(literal: bytes) -> tuple[bytes, int | None, Any]:
-    return literal, _anchor(literal), re.compile(re.escape(literal)).search
-
-
-def _gates(literals: list[bytes]) -> tuple[tuple[bytes, int | None, Any], ...]:
+def _gates(literals: list[bytes]) -> tuple[_Gate, ...]:
     """The gates of ``literals``: one each, except that literals sharing their first two bytes
     (``ghp_`` ... ``ghr_``, the four ``api key`` spellings) are one search for any of them (a
     regex alternation, which ``re`` reduces to the shared prefix and a class: one pass over
@@ -134,13 +164,13 @@ def _gates(literals: list[bytes]) -> tuple[tuple[bytes, int | None, Any], ...]:
     groups: dict[bytes, list[bytes]] = {}
     for lit in dict.fromkeys(literals):
         groups.setdefault(lit[:2], []).append(lit)
-    out: list[tuple[bytes, int | None, Any]] = []
+    out: list[_Gate] = []
     for group in groups.values():
         if len(group) == 1:
-            out.append(_gate(group[0]))
+            out.append(_Gate(group[0], re.compile(re.escape(group[0])).search))
         else:
             either = b"|".join(re.escape(lit) for lit in sorted(group))
-            out.append((b"", None, re.compile(either).search))
+            out.append(_Gate(b"", re.compile(either).search, anchored=False))
     return tuple(out)
 
 
@@ -173,8 +203,9 @@ class Redactor:
              for lit in lits]
         )  # fmt: skip
         exact = [lit.encode() for lits in _AS_WRITTEN.values() for lit in lits] if builtin else []
-        exact += [orjson.dumps(v)[1:-1] for v in self.literals]  # as they show in JSON
         self._gate_exact = _gates(exact)
+        # a secret's value may hold digits or punctuation: looked for in the whole line
+        self._gate_env = _gates([orjson.dumps(v)[1:-1] for v in self.literals])  # as in JSON
 
     def needs(self, data: bytes) -> bool:
         """Whether a record serialized as ``data`` (its JSON) may hold something to redact. A
@@ -184,11 +215,14 @@ class Redactor:
         value. False means the per-field pass would change nothing."""
         if self._always:
             return True
-        if any(_occurs(data, *gate) for gate in self._gate_exact):
+        if any(gate(data) for gate in self._gate_env):
+            return True
+        words = data.translate(None, _NOT_IN_LITERALS)
+        if any(gate(words) for gate in self._gate_exact):
             return True
         # str.lower maps a few non-ASCII letters to ASCII ones (the Kelvin sign to k)
-        low = data.lower() if data.isascii() else data.decode().lower().encode()
-        return any(_occurs(low, *gate) for gate in self._gate_lower)
+        low = words.lower() if words.isascii() else words.decode().lower().encode()
+        return any(gate(low) for gate in self._gate_lower)
 
     def text(self, s: str) -> str:
         if len(s) >= _MIN_SECRET:
