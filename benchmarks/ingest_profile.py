@@ -16,7 +16,8 @@ few pages.
 - **the rollout process** (``--process``): the same trajectories traced for real by
   ``tracer.init`` with the MLflow backend into the same server (the export child on, as the
   default config runs it), flushed; the CPU of this process (the hot path, the processing
-  thread, the export worker) and of its export child, a trace each;
+  thread, the export worker, and the garbage collector's passes over its heap, which is not
+  frozen here, as a user's never is) and of its export child, a trace each;
 - **PostgreSQL**: the CPU of the server's processes while the batches are written (the
   postmaster's tree, from /proc), the WAL it wrote, and per table the rows a trace adds, the
   foreign keys each row is checked against and the indexes each row updates; per statement
@@ -31,6 +32,7 @@ few pages.
 from __future__ import annotations
 
 import argparse
+import gc
 import collections
 import os
 import shutil
@@ -133,6 +135,7 @@ def _process(uri: str, n: int) -> dict[str, float]:
     from benchmarks.ingest import trace_one, writer_config
     from benchmarks.ingest_procs import tree_cpu_s
 
+    gc.unfreeze()  # a user's process is never frozen: its collector walks everything
     tracer.init(writer_config(uri, "process", "w0"))
     try:
         ids = list(range(300))

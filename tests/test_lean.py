@@ -538,3 +538,16 @@ def test_encoding_a_record_leaves_it_no_instance_dicts() -> None:
     lines = [encode_record(r) for r in records]
     assert sum(type(o) is dict for o in gc.get_objects()) - before < len(records)
     assert lines[0] == encode(records[0].to_dict())
+
+
+def test_a_snapshot_of_a_dict_holding_lists_is_not_tracked_by_the_collector() -> None:
+    """The hot path's copy of a generate's outputs (token ids in a list) holds the ids as JSON:
+    nothing the garbage collector needs to walk, so the copy is not tracked, and thousands of
+    them waiting for export do not bring the next full collection closer."""
+    import gc
+
+    outputs = {"response_ids": list(range(64)), "finish_reason": "stop", "turn": 0}
+    shown, _ = snapshot(outputs, 1000)
+    assert type(shown["response_ids"]) is Json and shown["finish_reason"] == "stop"
+    assert not gc.is_tracked(shown)
+    assert gc.is_tracked(outputs)  # the caller's dict is the caller's

@@ -260,7 +260,8 @@ def _split_dict(
     last as :data:`Json`; with ``encode`` False, a flat dict of strings and numbers only),
     else None. The top level is copied first (one C call, atomic under the GIL), then its
     values are checked, so another thread cannot slip a mutable value in between the check
-    and the copy. Such a copy holds nothing the garbage collector tracks."""
+    and the copy. Such a copy holds nothing the garbage collector tracks, and is not tracked
+    itself."""
     if len(d) > max_items:
         return None
     try:
@@ -268,6 +269,7 @@ def _split_dict(
     except Exception:  # a dict subclass would not get here; belt and braces
         return None
     nbytes = 16 * len(copy) + 64
+    replaced = False
     for k, v in copy.items():
         tv = type(v)
         if tv is str:
@@ -280,8 +282,14 @@ def _split_dict(
                 return None
             copy[k] = encoded[0]  # the key exists: the dict does not change size
             nbytes += encoded[1]
+            replaced = True
         else:
             return None
+    if replaced:
+        # a copy of a dict that held a list stays tracked by the garbage collector after the
+        # list is replaced (CPython untracks dicts only in full collections): made again from
+        # its final values it is not, and it no longer counts towards the next full collection
+        copy = {k: v for k, v in copy.items()}
     return copy, nbytes
 
 
