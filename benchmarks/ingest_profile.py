@@ -32,8 +32,8 @@ few pages.
 from __future__ import annotations
 
 import argparse
-import gc
 import collections
+import gc
 import os
 import shutil
 import signal
