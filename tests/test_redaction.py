@@ -120,3 +120,17 @@ def test_redaction_can_be_turned_off_and_bad_pattern_is_a_config_error(tmp_path:
     assert tracer.flush(30)
     lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert any(SECRETS["openai"] in json.dumps(r) for r in lines)
+
+
+def test_no_builtin_literal_holds_what_the_gate_strips() -> None:
+    """The serialized-record gate looks at a line without digits and JSON punctuation
+    (``_NOT_IN_LITERALS``): a built-in literal holding one of those bytes would never be seen
+    there, and its secrets would go unredacted. Adding such a literal must fail here."""
+    from tracer.redact import _AS_WRITTEN, _NOT_IN_LITERALS, BUILTIN_PATTERNS
+
+    literals = [lit for lits, _rx in BUILTIN_PATTERNS.values() for lit in lits]
+    literals += [lit for lits in _AS_WRITTEN.values() for lit in lits]
+    assert literals
+    for lit in literals:
+        assert not set(lit.encode()) & set(_NOT_IN_LITERALS), lit
+        assert not set(lit.lower().encode()) & set(_NOT_IN_LITERALS), lit
