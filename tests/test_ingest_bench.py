@@ -105,3 +105,16 @@ def test_the_lag_is_since_the_newest_stored_trajectory_was_made() -> None:
     assert summary["p50"] == 1.5 and summary["max"] == 4.0
     assert summary["max_by_tenth"] == [0, 0, 0.5, 0, 0, 0, 1.5, 0, 4.0, 0.5]
     assert _lag_summary([[]], start=0.0) == {}
+
+
+def test_a_rate_is_held_when_the_store_keeps_up_not_when_it_drains_a_backlog() -> None:
+    from benchmarks.ingest import is_held
+
+    def run(made: float, wall: float, drain: float) -> dict[str, float]:
+        return {"offered_per_s": 1100.0, "made_per_s": made, "wall_s": wall, "drain_s": drain}
+
+    assert is_held(run(1098.1, 61.0, 1.0))  # a batch behind at the end
+    assert is_held(run(1098.1, 62.8, 2.8))  # 5 % of a 60 s run
+    assert not is_held(run(1098.1, 9.1, 4.1))  # a 5 s run that took 4 s more to store
+    assert not is_held(run(1029.3, 123.8, 61.0))  # the writers fell behind, and the store
+    assert not is_held(run(1000.0, 61.0, 1.0))  # made less than offered
