@@ -356,8 +356,8 @@ def render(r: dict[str, Any]) -> str:
                 else "NOT restarted (the writers were done first)")  # fmt: skip
         lines += ["", f"Fault run: PostgreSQL {done} (`pg_ctl restart -m fast`); stored "
                   f"{f['stored']} of {f['total']}; 'is down' lines per writer {f['down_lines']}, "
-                  f"'is back' lines {f['back_lines']} (none when the restart fell between two "
-                  f"batches: the next one reconnects)."]  # fmt: skip
+                  f"'is back' lines {f['back_lines']} (none when every batch got through "
+                  f"within its retries: a quick restart is absorbed)."]  # fmt: skip
     lines += ["", f"Writer processes left behind: {len(r['left_behind'])}."]
     return "\n".join(lines) + "\n"
 
