@@ -44,6 +44,7 @@ from typing import Any
 
 import tracer
 from benchmarks.common import count_traces, machine_info
+from benchmarks.ingest_held import Lags, is_held, lag_summary
 from benchmarks.ingest_procs import leftovers, run_writers, tree_cpu_s
 
 TARGETS = (68, 550, 1100)  # traces/s: 64 nodes; 512 nodes at 50 % and 100 % sampling
@@ -102,7 +103,7 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float,
     sys.stdin.readline()
     cpu0 = tree_cpu_s(os.getpid())  # this process and its export child, past their start
     made_at: list[float] = []  # when each trajectory was made
-    lags = _Lags(made_at)
+    lags = Lags(made_at)
     t0 = time.time()
     i = 0
     while (i < n) if seconds <= 0 else (time.time() - t0 < seconds):
@@ -121,40 +122,6 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float,
     return {"n": i, "start": t0, "made": made, "durable": durable, "flush_ok": ok,
             "dropped": m.get("tracer/mlflow/dropped", 0), "cpu_s": cpu,
             "lags": lags.samples(made)}  # fmt: skip
-
-
-class _Lags:
-    """How far the store trails the rollout, sampled every ``every_s`` in a writer: at each
-    sample, the seconds since the newest trajectory the store holds (the tracer's
-    ``tracer/mlflow/exported``: in the store, committed) was made. Trajectories are stored in
-    the order they are made, so the n-th stored is the n-th made."""
-
-    def __init__(self, made_at: list[float], every_s: float = 0.5) -> None:
-        self.made_at = made_at
-        self.taken: list[tuple[float, int]] = []  # (when, trajectories stored)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
-        self._thread.start()
-
-    def _run(self, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            self.taken.append((time.time(), int(tracer.metrics().get("tracer/mlflow/exported", 0))))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def samples(self, made: float) -> list[tuple[float, float]]:
-        """(when, lag in seconds) for each sample while trajectories were being made (the
-        drain after the last one is ``drain_s``); a sample before any was stored counts from
-        the first one made."""
-        out = []
-        for when, stored in self.taken:
-            if when > made or not self.made_at:
-                continue
-            newest = self.made_at[stored - 1] if stored else self.made_at[0]
-            out.append((round(when, 3), round(max(0.0, when - newest), 3)))
-        return out
 
 
 def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
@@ -193,27 +160,12 @@ def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
            "stderr_first_writer": results[0]["stderr"][-3000:]}  # fmt: skip
     if rate:
         out["offered_per_s"], out["made_per_s"] = rate, round(total / made, 1)
-        out["lag_s"] = _lag_summary([r["lags"] for r in results], start)
+        out["lag_s"] = lag_summary([r["lags"] for r in results], start)
     if pg_pid and not during:
         out["pg_cpu_s_per_1k"] = round((after["pg"] - before["pg"]) * k, 2)
     if server_pid:
         out["server_cpu_s_per_1k"] = round((after["server"] - before["server"]) * k, 2)
     return out
-
-
-def _lag_summary(per_writer: list[list[tuple[float, float]]], start: float) -> dict[str, Any]:
-    """The writers' lag samples together: the median and the largest, and the largest in each
-    tenth of the run (does it grow: a backlog, or hold: a rate the store keeps up with)."""
-    lags = sorted(lag for samples in per_writer for _, lag in samples)
-    if not lags:
-        return {}
-    end = max(when for samples in per_writer for when, _ in samples)
-    tenths = [0.0] * 10
-    for samples in per_writer:
-        for when, lag in samples:
-            k = min(9, int(10 * (when - start) / max(end - start, 1e-9)))
-            tenths[k] = max(tenths[k], lag)
-    return {"p50": lags[len(lags) // 2], "max": lags[-1], "max_by_tenth": tenths}
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
@@ -303,16 +255,6 @@ def _wait_for_traces(uri: str, timeout_s: float = 300) -> None:
             time.sleep(0.5)
     finally:
         engine.dispose()
-
-
-def is_held(run: dict[str, Any]) -> bool:
-    """Whether a run on a fixed schedule held its rate: the writers made what was offered
-    (3 % slack) and the store kept up, its last trace durable within a batch or two of the
-    last made (2 s, or 5 % of the run when longer): a store that falls behind shows as a drain
-    that grows with the run."""
-    made_all = run["made_per_s"] >= 0.97 * run["offered_per_s"]
-    made_s = run["wall_s"] - run["drain_s"]
-    return bool(made_all and run["drain_s"] <= max(2.0, 0.05 * made_s))
 
 
 def render(r: dict[str, Any]) -> str:

@@ -95,20 +95,20 @@ def test_the_lag_is_since_the_newest_stored_trajectory_was_made() -> None:
     """A writer's lag samples: at each, the seconds since the newest stored trajectory was
     made (none stored: since the first was made); samples after the last one was made are
     the drain, not the lag. The summary takes all writers' samples together."""
-    from benchmarks.ingest import _lag_summary, _Lags
+    from benchmarks.ingest_held import Lags, lag_summary
 
-    lags = _Lags([10.0, 11.0, 12.0], every_s=3600)  # its thread samples nothing here
+    lags = Lags([10.0, 11.0, 12.0], every_s=3600)  # its thread samples nothing here
     lags.stop()
     lags.taken = [(10.5, 0), (11.5, 1), (12.5, 3), (14.0, 3)]
     assert lags.samples(made=13.0) == [(10.5, 0.5), (11.5, 1.5), (12.5, 0.5)]
-    summary = _lag_summary([lags.samples(13.0), [(12.0, 4.0)]], start=10.0)
+    summary = lag_summary([lags.samples(13.0), [(12.0, 4.0)]], start=10.0)
     assert summary["p50"] == 1.5 and summary["max"] == 4.0
     assert summary["max_by_tenth"] == [0, 0, 0.5, 0, 0, 0, 1.5, 0, 4.0, 0.5]
-    assert _lag_summary([[]], start=0.0) == {}
+    assert lag_summary([[]], start=0.0) == {}
 
 
 def test_a_rate_is_held_when_the_store_keeps_up_not_when_it_drains_a_backlog() -> None:
-    from benchmarks.ingest import is_held
+    from benchmarks.ingest_held import is_held
 
     def run(made: float, wall: float, drain: float) -> dict[str, float]:
         return {"offered_per_s": 1100.0, "made_per_s": made, "wall_s": wall, "drain_s": drain}
