@@ -125,10 +125,15 @@ def tree_cpu_s(pid: int) -> float:
         return 0.0
     # after the command: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
     total = sum(int(x) for x in fields[11:15]) / _TICK
-    # every thread's children: the export child is started by the tracer's launcher thread,
-    # so it is listed under that thread's task, not the main thread's
+    return total + sum(tree_cpu_s(child) for child in children(pid))
+
+
+def children(pid: int) -> list[int]:
+    """The live children of ``pid``, those of every thread: the export child is started by
+    the tracer's launcher thread, so it is listed under that thread's task, not the main
+    thread's."""
+    found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         with contextlib.suppress(OSError):
-            for child in (task / "children").read_text().split():
-                total += tree_cpu_s(int(child))
-    return total
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found

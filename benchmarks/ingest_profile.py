@@ -220,9 +220,9 @@ def _perf_shares(path: str, postmaster: int) -> list[tuple[str, float]]:
     """The server's samples in ``path`` by part (per cent of the server's samples); the
     processes are the postmaster's children (backends: those with ``PostgresMain`` on a
     stack)."""
-    pids = [postmaster] + [
-        int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == postmaster
-    ]  # fmt: skip
+    from benchmarks.ingest_procs import children
+
+    pids = [postmaster, *children(postmaster)]
     out = subprocess.run(
         ["perf", "script", "-i", path, "-F", "pid,ip,sym", "--pid", ",".join(map(str, pids))],
         capture_output=True, text=True, check=True,
@@ -248,15 +248,6 @@ def _perf_shares(path: str, postmaster: int) -> list[tuple[str, float]]:
     parts = [name for name, _ in _PARTS] + ["other", _BACKGROUND]
     total = max(sum(counts[name] for name in parts), 1)
     return [(name, 100 * counts[name] / total) for name in parts + [n for n, _, _ in _ANYWHERE]]
-
-
-def _ppid(pid: int) -> int:
-    """``pid``'s parent, or -1 when it has gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
 
 
 def main(argv: list[str] | None = None) -> int:

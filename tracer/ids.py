@@ -10,8 +10,8 @@ A trace id begins with the time it was made, in milliseconds (48 bits), and ends
 random bits, as a UUIDv7 does: stores index traces by id (MLflow: every ``spans`` row's
 primary key, the tags', the trace's), and ids made one after another then land next to each
 other in those indexes instead of on a random page of a store that outgrew memory. Measured
-on PostgreSQL-backed MLflow holding ~21,000 traces: 13-20 % less of PostgreSQL's CPU a trace
-and less WAL (docs/scale-out.md). Uniqueness rests on the 80 random bits (two ids of one
+on PostgreSQL-backed MLflow holding 20,000 traces: 8-13 % less of PostgreSQL's CPU a trace
+(figure ``ingest-ids``, docs/scale-out.md). Uniqueness rests on the 80 random bits (two ids of one
 millisecond collide with odds of 2^-80), whatever the clocks of two hosts say.
 """
 

@@ -246,7 +246,9 @@ class Pipeline(Processing):
         first = True
         while True:
             with self.lock:
-                if not self.buffer or (not first and len(self.buffer) < self._batch_size):
+                if not self.buffer or (
+                    not first and len(self.buffer) < self.config.export_batch_size
+                ):
                     return
                 first = False
                 batch: list[tuple[int, Trajectory]] = []

@@ -300,26 +300,24 @@ class RowBuilder:
         """The trace's artifact location, as MLflow's ``append_to_uri_path`` makes it: the
         experiment's location, the traces folder, the id, the artifacts folder. Made once for
         a probe id; when the probe's location is that id between a fixed head and tail (a path
-        or a URL), later ones are the head, the id and the
-        tail, else asked of MLflow every time."""
-        m = self.m
-
-        def asked(tid: str) -> str:
-            return m.append_to_uri_path(  # type: ignore[no-any-return]
-                self.artifact_location,
-                m.SqlAlchemyStore.TRACE_FOLDER_NAME,
-                tid,
-                m.SqlAlchemyStore.ARTIFACTS_FOLDER_NAME,
-            )
-
+        or a URL), later ones are the head, the id and the tail, else asked of MLflow."""
         if self._location_parts is None:
             probe = "tr-" + "0" * 32
-            head, found, tail = asked(probe).partition(probe)
+            head, found, tail = self._asked_location(probe).partition(probe)
             self._location_parts = (head, tail) if found and probe not in tail else ()
         if not self._location_parts or not _opaque(trace_id):
-            return asked(trace_id)
+            return self._asked_location(trace_id)
         head, tail = self._location_parts
         return head + trace_id + tail
+
+    def _asked_location(self, trace_id: str) -> str:
+        m = self.m
+        return m.append_to_uri_path(  # type: ignore[no-any-return]
+            self.artifact_location,
+            m.SqlAlchemyStore.TRACE_FOLDER_NAME,
+            trace_id,
+            m.SqlAlchemyStore.ARTIFACTS_FOLDER_NAME,
+        )
 
 
 def _opaque(segment: str) -> bool:
