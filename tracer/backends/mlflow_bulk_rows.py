@@ -26,6 +26,7 @@ from tracer.record import TrajectoryRecord
 
 REQUEST_ID_KEY = "mlflow.traceRequestId"
 TAG_MEMO = 4096  # trace tags whose stored form is kept (RowBuilder._tag)
+_COST_KEYS = ("input_cost", "output_cost", "total_cost")  # the span columns, in order
 
 
 @dataclass
@@ -121,10 +122,14 @@ class RowBuilder:
         root: dict[str, Any] | None = None
         root_status: str | None = None
         session_id = user_id = None
+        forms: dict[str, tuple[str, str]] = {}  # a span's id forms, again as its children's parent
         for i, span in enumerate(record.spans):
             plain = {REQUEST_ID_KEY: trace_id, **span_attributes(record, span, i == 0)}
-            span_id, span_b64 = id_forms(span.span_id)
-            parent_id, parent_b64 = id_forms(span.parent_id) if span.parent_id else (None, None)
+            span_id, span_b64 = forms[span.span_id] = id_forms(span.span_id)
+            parent_id, parent_b64 = (
+                (forms.get(span.parent_id) or id_forms(span.parent_id))
+                if span.parent_id else (None, None)
+            )  # fmt: skip
             status = "ERROR" if span.status == "ERROR" else "OK"
             attrs = stored_attributes(plain)
             if attrs is None:  # attributes MLflow's translators read: they decide
@@ -148,12 +153,13 @@ class RowBuilder:
                 session_id = m.validate_session_id(m._try_parse_json_string(sid))
             if user_id is None and (uid := a.get("user.id")):
                 user_id = m._try_parse_json_string(uid)
-            cost: dict[str, Any] = {}
+            costs: list[float | None] = [None, None, None]  # the span has none: most spans
             if raw_cost := a.get(keys.LLM_COST):
                 try:
                     cost = json.loads(raw_cost)
                 except (TypeError, ValueError):
                     cost = {}
+                costs = [m.finite_float_or_none(cost.get(key)) for key in _COST_KEYS]
             type_value = plain.get(keys.SPAN_TYPE)
             spans.append(
                 {
@@ -167,9 +173,9 @@ class RowBuilder:
                     "start_time_unix_nano": span.start_ns,
                     "end_time_unix_nano": span.end_ns,
                     "content": content,
-                    "input_cost": m.finite_float_or_none(cost.get("input_cost")),
-                    "output_cost": m.finite_float_or_none(cost.get("output_cost")),
-                    "total_cost": m.finite_float_or_none(cost.get("total_cost")),
+                    "input_cost": costs[0],
+                    "output_cost": costs[1],
+                    "total_cost": costs[2],
                     "model_name": self._model_dimension(a.get(keys.MODEL)),
                     "model_provider": self._model_dimension(a.get(keys.MODEL_PROVIDER)),
                 }
