@@ -181,9 +181,6 @@ def test_no_import_cycle_inside_benchmarks() -> None:
 # Modules allowed over 400 lines, and why. Drop an entry when its file is split; a stale entry
 # (the file is gone or back under 400) fails too.
 OVER_400 = {
-    "tracer/backends/mlflow_backend.py": "the MLflow writer: export, annotate and rewards all "
-    "share one store handle, experiment cache and REST session; the seam (annotations) is one "
-    "data shape with the export, so splitting it would pass that state between two modules",
     "tracer/snapshot.py": "the hot path's argument snapshot: the JSON-bytes fast path and the "
     "object walk call each other on every value (one recursion); benchmarks/hotpath.py times it",
     "tracer/readers/explore/store.py": "the explorer's DuckDB queries over one set of views and "

@@ -31,12 +31,12 @@ from tracer.annotations import AnnotationRecord, annotation_span, rollout_logpro
 from tracer.backends.base import Exporter, ExportResult
 from tracer.backends.mlflow_bulk import open_bulk_writer
 from tracer.backends.mlflow_store_init import store_init_lock
+from tracer.backends.mlflow_view import first_of_each_id, mlflow_view
 from tracer.backends.otel_spans import dumps, encode_all_json, to_readable_spans
 from tracer.config import TraceConfig
 from tracer.credentials import store_address
 from tracer.ids import attempt_trace_id
 from tracer.record import SpanRecord, TrajectoryRecord
-from tracer.token_lists import FULL_LISTS_ATTRIBUTE, compact_view
 from tracer.tokens import LOGPROBS_ATTR
 
 log = logging.getLogger("tracer")
@@ -359,17 +359,6 @@ def _root_and_generates(trace: Any) -> tuple[SpanRecord | None, list[SpanRecord]
     return root, generates
 
 
-def first_of_each_id(batch: Sequence[TrajectoryRecord]) -> list[TrajectoryRecord]:
-    """The batch without a second record of a trace id (the first one is what is stored)."""
-    seen: set[str] = set()
-    out = []
-    for record in batch:
-        if record.trace_id not in seen:
-            seen.add(record.trace_id)
-            out.append(record)
-    return out
-
-
 def mlflow_trace_id(trace_id: str) -> str:
     return f"tr-{trace_id}"
 
@@ -402,30 +391,3 @@ def to_mlflow_spans(record: TrajectoryRecord) -> list[Any]:
         extra_attributes={"mlflow.traceRequestId": request_id},
     )
     return [Span(otel) for otel in spans]
-
-
-def session_id(record: TrajectoryRecord) -> str:
-    """The MLflow session of a trajectory: its GRPO group (the ``rollout_n`` samples of one
-    prompt at one step), so MLflow's Sessions view lists one row per group."""
-    kind = "val" if record.validate else "step"
-    name = record.experiment_name or record.project_name or "rollout"
-    return f"{name}/{kind}-{record.step}/sample-{record.sample_index}"
-
-
-def mlflow_view(record: TrajectoryRecord) -> TrajectoryRecord:
-    """A copy of ``record`` for MLflow: the root carries the session (its GRPO group), and
-    spans show long per-token lists compactly (MLflow's UI prints a list one value per line),
-    the full lists moved to one attribute per span."""
-    spans = []
-    own_session = any("session.id" in span.attributes for span in record.spans)  # user's wins
-    for i, span in enumerate(record.spans):
-        if i == 0 and not own_session:  # MLflow makes the root's `session.id` the session
-            span = dataclasses.replace(
-                span, attributes={**span.attributes, "session.id": session_id(record)}
-            )
-        inputs, outputs, full_lists = compact_view(span.inputs, span.outputs)
-        if full_lists is not None:
-            attrs = {**span.attributes, FULL_LISTS_ATTRIBUTE: full_lists}
-            span = dataclasses.replace(span, inputs=inputs, outputs=outputs, attributes=attrs)
-        spans.append(span)
-    return dataclasses.replace(record, spans=spans)
