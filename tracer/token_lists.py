@@ -85,38 +85,45 @@ def _compact(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]], bool]:
     and int keys (:func:`_ints_only`). A container with nothing taken inside is returned as it
     is (copy on write): most spans hold no token list, and their copies were thrown away."""
     taken: list[tuple[Path, list[Any]]] = []
-    ints_only = True
+    plain_ints: list[bool] = []  # per list taken: ints only, at a plain path
+    return _walk(value, [], taken, plain_ints), taken, all(plain_ints)
 
-    def walk(node: Any, path: Path) -> Any:
-        nonlocal ints_only
-        if isinstance(node, dict):
-            out = None
-            for key, child in node.items():
-                if type(child) in _LEAVES:  # most values: no path to build, nothing to walk
+
+def _walk(node: Any, path: Path, taken: list[tuple[Path, list[Any]]],
+          plain_ints: list[bool]) -> Any:  # fmt: skip
+    if isinstance(node, dict):
+        out = None
+        for key, child in node.items():
+            if type(child) in _LEAVES:  # most values: no path to build, nothing to walk
+                continue
+            if _is_token_key(key) and (ints := _token_list(child)) is not None:
+                taken.append((where := [*path, key], child))
+                plain_ints.append(ints and _plain_path(where))
+                new = _summary(child, ints=ints)
+            else:
+                new = _walk(child, [*path, key], taken, plain_ints)
+                if new is child:
                     continue
-                if _is_token_key(key) and (ints := _token_list(child)) is not None:
-                    taken.append((where := [*path, key], child))
-                    ints_only = ints_only and ints and _plain_path(where)
-                    new = _summary(child, ints=ints)
-                else:
-                    new = walk(child, [*path, key])
-                    if new is child:
-                        continue
-                if out is None:
-                    out = dict(node)  # a plain dict, the keys in their order, as before
-                out[key] = new
-            if out is not None:
-                return out
-            return node if type(node) is dict else dict(node)
-        if isinstance(node, list):
-            if set(map(type, node)) <= _LEAVES:  # no dict inside: nothing to take (C speed)
-                return node if type(node) is list else list(node)
-            items = [walk(child, [*path, i]) for i, child in enumerate(node)]
-            changed = any(new is not old for new, old in zip(items, node, strict=True))
-            return items if changed or type(node) is not list else node
-        return node
-
-    return walk(value, []), taken, ints_only
+            if out is None:
+                out = dict(node)  # a plain dict, the keys in their order, as before
+            out[key] = new
+        if out is not None:
+            return out
+        return node if type(node) is dict else dict(node)
+    if isinstance(node, list):
+        if set(map(type, node)) <= _LEAVES:  # no dict inside: nothing to take (C speed)
+            return node if type(node) is list else list(node)
+        changed = None
+        for i, child in enumerate(node):
+            new = _walk(child, [*path, i], taken, plain_ints)
+            if new is not child:
+                if changed is None:
+                    changed = list(node)
+                changed[i] = new
+        if changed is not None:
+            return changed
+        return node if type(node) is list else list(node)
+    return node
 
 
 _INT_LIST_BYTES = b"0123456789,-"  # orjson's text of a flat list of ints, less its brackets
