@@ -60,10 +60,13 @@ _JSON_SPACE = " \t\n\r"  # what json.loads skips before a value
 _OPENERS = ('"', "[", "{")
 
 
-def stored_attributes(plain: dict[str, Any]) -> dict[str, str] | None:
+def stored_attributes(
+    plain: dict[str, Any], pieces: list[str] | None = None
+) -> dict[str, str] | None:
     """What ``translate_span_when_storing`` stores of the span attributes ``plain`` (Python
     values, each to be written as ``encode_all_json`` writes it), or None when MLflow's
-    translation must run."""
+    translation must run. ``pieces``, when given, gets each attribute's ``"key": "value"`` in
+    the span's content JSON (:class:`ContentText`), made in the same pass."""
     if not plain.keys() <= INERT_KEYS:  # one comparison of sets, in C
         others = plain.keys() - INERT_KEYS
         if not others <= _INERT_SEEN:  # keys with an inert prefix, seen before
@@ -77,15 +80,19 @@ def stored_attributes(plain: dict[str, Any]) -> dict[str, str] | None:
     for key, value in plain.items():
         if type(value) is str and len(value) <= _SHORT:  # kinds, types, names: they repeat
             try:
-                out[key] = _STORED[value]
-                continue
+                stored, piece = _STORED[key, value]
             except KeyError:
-                stored = _STORED[value] = stored_value(value)
+                stored = stored_value(value)
+                piece = content_piece(key, stored)
+                _STORED[key, value] = stored, piece
                 if len(_STORED) > PIECE_MEMO:
                     _STORED.clear()
         else:
             stored = stored_value(value)
+            piece = None
         out[key] = stored
+        if pieces is not None:
+            pieces.append(piece or content_piece(key, stored))
     for key in _IO_KEYS:
         value = out.get(key)
         # MLflow fills the span's model from a "model" in its inputs or outputs (and looks
@@ -96,9 +103,9 @@ def stored_attributes(plain: dict[str, Any]) -> dict[str, str] | None:
 
 
 _INERT_SEEN: set[str] = set()  # keys found inert by their prefix (``rollout_tracer.kind``)
-# short strings' stored forms (stored_value is a pure function of the string: threads may
-# share this; a race costs one more call)
-_STORED: dict[str, str] = {}
+# short strings' stored forms and content pieces, by key and string (pure functions of them:
+# threads may share this; a race costs one more call)
+_STORED: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 def stored_value(value: Any) -> str:
@@ -157,6 +164,12 @@ def _long_string(value: str) -> str:
         return encode_basestring(value)
 
 
+def content_piece(key: str, stored: str) -> str:
+    """One attribute's ``"key": "value"`` in the content JSON, as the encoder writes it."""
+    text = _long_string(stored) if len(stored) > _SHORT else encode_basestring(stored)
+    return f"{encode_basestring(key)}: {text}"
+
+
 PIECE_MEMO = 4096  # short attribute pairs whose JSON is kept (content_text)
 _SHORT = 64  # an attribute value this long or shorter is worth keeping (kinds, types, names)
 
@@ -174,14 +187,16 @@ class ContentText:
         self.encode = encode
         self._pieces: dict[tuple[str, str], str] = {}
 
-    def __call__(self, d: dict[str, Any]) -> str:
+    def __call__(self, d: dict[str, Any], pieces: list[str] | None = None) -> str:
+        """``pieces``: the attributes' pairs (``stored_attributes`` makes them), else made here."""
         name, start, end, parent = (d["name"], d["start_time_unix_nano"],
                                     d["end_time_unix_nano"], d["parent_span_id"])  # fmt: skip
         if (d["events"] or type(name) is not str or type(start) is not int
                 or (end is not None and type(end) is not int)
                 or (parent is not None and type(parent) is not str)):  # fmt: skip
             return self.encode(d)  # type: ignore[no-any-return]
-        pieces = self._attributes(d["attributes"])
+        if pieces is None:
+            pieces = self._attributes(d["attributes"])
         if pieces is None:
             return self.encode(d)  # type: ignore[no-any-return]
         q = encode_basestring

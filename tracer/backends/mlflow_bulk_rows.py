@@ -131,7 +131,8 @@ class RowBuilder:
                 if span.parent_id else (None, None)
             )  # fmt: skip
             status = "ERROR" if span.status == "ERROR" else "OK"
-            attrs = stored_attributes(plain)
+            pieces: list[str] = []
+            attrs = stored_attributes(plain, pieces)
             if attrs is None:  # attributes MLflow's translators read: they decide
                 attrs = {k: encode_all_json(k, v) for k, v in plain.items()}
                 translated = m.translate_span_when_storing(
@@ -142,7 +143,7 @@ class RowBuilder:
                 content = self._content(translated)
             else:
                 translated = span_dict(span, trace_b64, span_b64, parent_b64, status, attrs)
-                content = self._plain_content(translated)
+                content = self._plain_content(translated, pieces)
             a = translated.get("attributes", {})
             tree.append((span_id, parent_id, a))
             has_usage = has_usage or keys.CHAT_USAGE in a
