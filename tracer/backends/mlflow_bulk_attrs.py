@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from tracer.backends.mlflow_bulk_span import span_dict
 from tracer.backends.otel_spans import encode_all_json
 from tracer.json_text import JsonText
 
@@ -170,6 +171,19 @@ def content_piece(key: str, stored: str) -> str:
     return f"{encode_basestring(key)}: {text}"
 
 
+def _text(trace_b64: str, span_b64: str, parent: str | None, name: str, start: int,
+          end: int | None, code: str, message: str, pieces: list[str]) -> str:  # fmt: skip
+    q = encode_basestring
+    return "".join((
+        '{"trace_id": ', q(trace_b64), ', "span_id": ', q(span_b64),
+        ', "parent_span_id": ', "null" if parent is None else q(parent),
+        ', "name": ', q(name), ', "start_time_unix_nano": ', str(start),
+        ', "end_time_unix_nano": ', "null" if end is None else str(end),
+        ', "events": [], "status": {"code": ', q(code), ', "message": ', q(message),
+        '}, "attributes": {', ", ".join(pieces), '}, "links": []}',
+    ))  # fmt: skip
+
+
 PIECE_MEMO = 4096  # short attribute pairs whose JSON is kept (content_text)
 _SHORT = 64  # an attribute value this long or shorter is worth keeping (kinds, types, names)
 
@@ -199,16 +213,21 @@ class ContentText:
             pieces = self._attributes(d["attributes"])
         if pieces is None:
             return self.encode(d)  # type: ignore[no-any-return]
-        q = encode_basestring
         status = d["status"]
-        return "".join((
-            '{"trace_id": ', q(d["trace_id"]), ', "span_id": ', q(d["span_id"]),
-            ', "parent_span_id": ', "null" if parent is None else q(parent),
-            ', "name": ', q(name), ', "start_time_unix_nano": ', str(start),
-            ', "end_time_unix_nano": ', "null" if end is None else str(end),
-            ', "events": [], "status": {"code": ', q(status["code"]), ', "message": ',
-            q(status["message"]), '}, "attributes": {', ", ".join(pieces), '}, "links": []}',
-        ))  # fmt: skip
+        return _text(d["trace_id"], d["span_id"], parent, name, start, end, status["code"],
+                     status["message"], pieces)  # fmt: skip
+
+    def of_span(self, span: Any, trace_b64: str, span_b64: str, parent_b64: str | None,
+                status: str, attrs: dict[str, str], pieces: list[str]) -> str:  # fmt: skip
+        """The content of ``span_dict(span, trace_b64, ...)`` (``pieces``: its attributes'
+        pairs), the fields put in the text without making the dict first where they are of
+        the plain shape (no error event: its status message is empty too)."""
+        name, start, end = span.name, span.start_ns, span.end_ns
+        if (span.error is not None or type(name) is not str or type(start) is not int
+                or (end is not None and type(end) is not int)):  # fmt: skip
+            return self(span_dict(span, trace_b64, span_b64, parent_b64, status, attrs), pieces)
+        return _text(trace_b64, span_b64, parent_b64, name, start, end, f"STATUS_CODE_{status}",
+                     "", pieces)  # fmt: skip
 
     def _attributes(self, attrs: dict[str, Any]) -> list[str] | None:
         memo = self._pieces

@@ -141,10 +141,11 @@ class RowBuilder:
                     )
                 )
                 content = self._content(translated)
+                a = translated.get("attributes", {})
             else:
-                translated = span_dict(span, trace_b64, span_b64, parent_b64, status, attrs)
-                content = self._plain_content(translated, pieces)
-            a = translated.get("attributes", {})
+                content = self._plain_content.of_span(span, trace_b64, span_b64, parent_b64,
+                                                      status, attrs, pieces)  # fmt: skip
+                a = attrs
             tree.append((span_id, parent_id, a))
             has_usage = has_usage or keys.CHAT_USAGE in a
             has_cost = has_cost or keys.LLM_COST in a
