@@ -191,11 +191,12 @@ _SHORT = 64  # an attribute value this long or shorter is worth keeping (kinds, 
 class ContentText:
     """A span's content JSON as MLflow's encoder writes it (``TraceJSONEncoder``,
     ``ensure_ascii=False``, its ``", "`` and ``": "`` separators), put together from its
-    fields for a span dict of the plain shape ``_span_dict`` makes (no events, string
+    fields for a span dict of the plain shape ``span_dict`` makes (no events, string
     attributes, integer times): each string is escaped by the very C function the encoder
     escapes strings with, and the short attribute pairs that repeat from span to span (the
     span's type and kind, a finish reason, a tool's name) are escaped once and kept. Anything
-    else goes to ``encode``, the encoder itself."""
+    else goes to ``encode``, the encoder itself. The bulk writer hands it the pairs
+    :func:`stored_attributes` made and the span record itself (:meth:`of_span`)."""
 
     def __init__(self, encode: Any) -> None:
         self.encode = encode
