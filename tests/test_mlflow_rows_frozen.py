@@ -26,6 +26,10 @@ T0 = 1_796_608_931_106_064_536
 NOW_MS = 1_796_608_999_000
 
 
+class Key(str):
+    pass
+
+
 def _span(i: int, parent: int | None, kind: str, **fields: Any) -> SpanRecord:
     parent_id = f"{parent + 1:016x}" if parent is not None else None
     name = fields.pop("name", kind)
@@ -89,6 +93,9 @@ def _others() -> list[TrajectoryRecord]:
               attributes={"gen_ai.request.model": "m", "nested": {"k": [1, {"x": None}]}}),
         _span(4, 0, "retrieve", inputs={"q": 1}, outputs={"docs": []},
               attributes={"session.id": 5}),
+        # an error status without an error, a key of a str subclass (the record itself only)
+        _span(5, 4, "parse", status="ERROR", inputs={"text": "x"}, outputs={"ok": False},
+              attributes={Key("rollout_tracer.note"): Key("v")}),
     ]  # fmt: skip
     first = TrajectoryRecord("1b" * 16, "verl run", "p", "", None, None, None, True, "w", T0,
                              T0 + 9, status="ERROR", policy_version=3, attempt=1,
