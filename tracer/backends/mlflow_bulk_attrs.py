@@ -68,15 +68,15 @@ def stored_attributes(
     values, each to be written as ``encode_all_json`` writes it), or None when MLflow's
     translation must run. ``pieces``, when given, gets each attribute's ``"key": "value"`` in
     the span's content JSON (:class:`ContentText`), made in the same pass."""
-    if not plain.keys() <= INERT_KEYS:  # one comparison of sets, in C
-        others = plain.keys() - INERT_KEYS
-        if not others <= _INERT_SEEN:  # keys with an inert prefix, seen before
-            for key in others:
-                if not key.startswith(INERT_PREFIXES):
-                    return None
-            if len(_INERT_SEEN) > PIECE_MEMO:
-                _INERT_SEEN.clear()
-            _INERT_SEEN.update(others)
+    if not plain.keys() <= _INERT_SEEN:  # one comparison of sets, in C
+        others = plain.keys() - _INERT_SEEN
+        for key in others:
+            if key not in INERT_KEYS and not key.startswith(INERT_PREFIXES):
+                return None
+        if len(_INERT_SEEN) > PIECE_MEMO:
+            _INERT_SEEN.clear()
+            _INERT_SEEN.update(INERT_KEYS)
+        _INERT_SEEN.update(others)
     out = {}
     for key, value in plain.items():
         if type(value) is str and len(value) <= _SHORT:  # kinds, types, names: they repeat
@@ -103,7 +103,8 @@ def stored_attributes(
     return out
 
 
-_INERT_SEEN: set[str] = set()  # keys found inert by their prefix (``rollout_tracer.kind``)
+# INERT_KEYS and the keys found inert by their prefix (``rollout_tracer.kind``)
+_INERT_SEEN: set[str] = set(INERT_KEYS)
 # short strings' stored forms and content pieces, by key and string (pure functions of them:
 # threads may share this; a race costs one more call)
 _STORED: dict[tuple[str, str], tuple[str, str]] = {}
