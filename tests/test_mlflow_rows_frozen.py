@@ -3,8 +3,10 @@ was cut (issue #59), kept in tests/data/mlflow_rows_frozen.json: both ways a rec
 the writer (the export child reads its JSON line back; the exporter in the user's process
 gets the record itself), on records of many shapes.
 
-After a deliberate change of what is stored (a new MLflow, a new attribute), write the file
-again with ``python -m tests.test_mlflow_rows_frozen`` and read the diff."""
+After a deliberate change of what is stored (a new MLflow, a new attribute), or of the records
+here (they include tests/test_mlflow_bulk_rows.py's), write the file again with
+``python -m tests.test_mlflow_rows_frozen`` and read the diff; a change meant to store the same
+bytes must pass without it."""
 
 from __future__ import annotations
 
