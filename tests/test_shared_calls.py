@@ -69,14 +69,17 @@ def _trickle(n: int, every_s: float) -> None:
 def test_a_trickle_of_trajectories_goes_out_in_one_call_on_flush(
     tmp_path: Path, interval: float
 ) -> None:
-    """Ten trajectories a few a second, each wake its own spooled batch: with the default
-    wait they are one call at the flush, which does not wait for the interval; with 0,
-    one call per batch as before."""
+    """Ten trajectories a few a second, each wake its own spooled batch: with a wait they are
+    one call at the flush, which does not wait for the interval; with 0, one call per batch
+    as before."""
     _Calls.sizes = []
     spool = tmp_path / "spool"
     tracer.init(backend="call_sizes", spool_dir=str(spool), flush_interval_s=0.05,
                 export_interval_s=interval)  # fmt: skip
     try:
+        _trickle(1, 0.0)
+        assert tracer.flush(20)  # one flush before: a flush that ended holds nothing back
+        _Calls.sizes = []
         _trickle(10, 0.15)
         if interval:
             assert _Calls.sizes == []  # waiting to share a call ...
@@ -87,7 +90,7 @@ def test_a_trickle_of_trajectories_goes_out_in_one_call_on_flush(
         m = tracer.metrics()
     finally:
         tracer.reset()
-    assert m["tracer/call_sizes/exported"] == 10
+    assert m["tracer/call_sizes/exported"] == 11
     if interval:
         assert _Calls.sizes == [10] and took < 5, (_Calls.sizes, took)
     else:

@@ -77,6 +77,7 @@ class ExportWorker(SettlingQueue):
         self.errors = errors
         self.window = CallWindow(config.replay_interval_s)  # when a call may begin (cond)
         self.retry_wait_since = 0.0  # monotonic start of the wait before a retry, or 0
+        self.flushing = 0  # flush() calls waiting in wait()
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -255,7 +256,7 @@ class ExportWorker(SettlingQueue):
         ``cond``; ``tracer.batch.wait_to_share_s``): not while the backend is down, a flush
         waits or shutdown began."""
         w, interval = self.window, self.config.export_interval_s
-        if interval <= 0 or w.down or w.flush_until > now or w.close_at or self.stopping:
+        if interval <= 0 or w.down or self.flushing or w.close_at or self.stopping:
             return 0.0
         return wait_to_share_s(self.todo, self.config.export_batch_size, self.wants_lines,
                                interval, now)  # fmt: skip
@@ -301,13 +302,17 @@ class ExportWorker(SettlingQueue):
         until ``deadline``. True when none is left waiting."""
         with self.cond:
             self.window.flush_until = max(self.window.flush_until, deadline)
+            self.flushing += 1  # no batch waits for others to share its call meanwhile
             self.cond.notify_all()
-            while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._dead():
-                    return False
-                self.cond.wait(min(left, 0.1))
-            return True
+            try:
+                while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._dead():
+                        return False
+                    self.cond.wait(min(left, 0.1))
+                return True
+            finally:
+                self.flushing -= 1
 
     def closing(self, deadline: float) -> None:
         """Shutdown began and must end by ``deadline`` (monotonic): from now on no call starts
