@@ -28,6 +28,11 @@ the last trace was made the last one was durable (``drain_s``): "sustained" then
 rate, not a backlog drained at the end. The **held** run (in the default set) is that run at
 ``--held-rate`` (1,100 traces/s: 512 nodes at full sampling) for ``--sustain`` seconds, with
 the store's lag behind the rollout sampled in each writer every half second (``lag_s``).
+The **trickle** run is a job's writers as they are: 16, each making ``--trickle-rate`` (2)
+trajectories a second for ``--sustain`` seconds, so each processing wake spools a batch of one
+or two. It runs twice: each batch its own export call (``export_interval_s=0``, as the tracer
+did before that setting) and the default (5 s: a batch waits in the spool for others to share
+its call, one store transaction).
 """
 
 from __future__ import annotations
@@ -90,13 +95,17 @@ def writer_config(uri: str, project: str, worker: str) -> dict[str, Any]:
             "spool_dir": tempfile.mkdtemp(prefix="ingest-spool-")}  # fmt: skip
 
 
-def writer(uri: str, project: str, n: int, worker: str, seconds: float,
-           rate: float = 0.0) -> dict[str, Any]:  # fmt: skip
+def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: float = 0.0,
+           export_interval_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """One writer process: ``n`` trajectories (or as many as ``seconds`` allow), then flush.
-    ``rate``: this writer's trajectories a second (0: as fast as it can)."""
+    ``rate``: this writer's trajectories a second (0: as fast as it can);
+    ``export_interval_s``: the tracer's (None: its default)."""
     import os
 
-    tracer.init(writer_config(uri, project, worker))
+    config = writer_config(uri, project, worker)
+    if export_interval_s is not None:
+        config["export_interval_s"] = export_interval_s
+    tracer.init(config)
 
     ids = list(range(300))
     print("ready", flush=True)  # every writer started (imports, export child): then all go
@@ -126,17 +135,25 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float,
 
 def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
             rate: float = 0, pin: str | None = None, pg_pid: int | None = None,
-            server_pid: int | None = None, during: Any = None) -> dict[str, Any]:  # fmt: skip
-    """``count`` writers at once; traces/s over the whole wall time, CPU by side, checked."""
-    before = {"pg": tree_cpu_s(pg_pid) if pg_pid else 0.0,
-              "server": tree_cpu_s(server_pid) if server_pid else 0.0}  # fmt: skip
-    args = [[uri, project, str(n), f"w{i}", str(seconds), str(rate / count)]
+            server_pid: int | None = None, during: Any = None,
+            export_interval_s: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """``count`` writers at once; traces/s over the whole wall time, CPU by side (the
+    server's and PostgreSQL's from when every writer is ready: their start, MLflow's store
+    opened in each, is not ingest), checked."""
+    before: dict[str, float] = {}
+
+    def ready() -> None:
+        before.update(pg=tree_cpu_s(pg_pid) if pg_pid else 0.0,
+                      server=tree_cpu_s(server_pid) if server_pid else 0.0)  # fmt: skip
+
+    extra = [] if export_interval_s is None else [str(export_interval_s)]
+    args = [[uri, project, str(n), f"w{i}", str(seconds), str(rate / count), *extra]
             for i in range(count)]  # fmt: skip
     timer = threading.Timer(0, during) if during else None
     if timer:
         timer.start()
     try:
-        results = run_writers(args, pin=pin, timeout_s=1800 + seconds)
+        results = run_writers(args, pin=pin, timeout_s=1800 + seconds, on_ready=ready)
     finally:
         if timer:
             timer.cancel()
@@ -177,7 +194,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     only = set(a.only.split(","))
     counts = tuple(int(x) for x in a.writers.split(","))
     out: dict[str, Any] = {"n": a.n, "curve": {}, "runs": {}, "pin": a.pin}
-    names = ["server1", "server2", "bulk", "sustain", "held", "fault"]
+    names = ["server1", "server2", "bulk", "sustain", "held", "fault", "trickle0", "trickle5"]
     with tempfile.TemporaryDirectory(prefix="ingest-") as tmp, \
             temporary_cluster(*names) as cluster:  # fmt: skip
         db = dict(zip(names, cluster.uris, strict=True))
@@ -221,6 +238,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                         pg_pid=pg)  # fmt: skip
             out["runs"]["held"] = r
             record(f"bulk held at {a.held_rate:g} traces/s offered, {a.sustain} s, 8 writers", r)
+        if "trickle" in only:  # a job's many writers, each a trajectory or two a second
+            for interval in (0.0, 5.0):  # each batch its own call, as before; the default
+                r = measure(db[f"trickle{interval:.0f}"], "trickle", 16, 0, seconds=a.sustain,
+                            rate=16 * a.trickle_rate, pin=pin, pg_pid=pg,
+                            export_interval_s=interval)  # fmt: skip
+                r["export_interval_s"] = interval
+                out["runs"][f"trickle, export_interval_s={interval:g}"] = r
+                record(f"bulk, 16 writers at {a.trickle_rate:g} traces/s each, "
+                       f"export_interval_s={interval:g}", r)
         if "fault" in only:
             restarted: list[float] = []
 
@@ -310,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         uri, project, n, worker, seconds = argv[1:6]
         extra = argv[6:-1]  # the last one is run_writers' tag
         rate = float(extra[0]) if extra else 0.0
-        print(json.dumps(writer(uri, project, int(n), worker, float(seconds), rate)), flush=True)
+        interval = float(extra[1]) if len(extra) > 1 else None
+        print(json.dumps(writer(uri, project, int(n), worker, float(seconds), rate, interval)),
+              flush=True)  # fmt: skip
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -318,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writers", default="1,2,4,8,16", help="writer counts of the curve")
     p.add_argument("--server-writers", default="", help="writer counts for the server paths")
     p.add_argument("--server-n", type=int, default=0, help="trajectories per server writer")
-    p.add_argument("--only", default="server1,server2,bulk,sustain,held,fault")
+    p.add_argument("--only", default="server1,server2,bulk,sustain,held,trickle,fault")
+    p.add_argument("--trickle-rate", type=float, default=2.0,
+                   help="the trickle run: traces/s of each of its 16 writers")
     p.add_argument("--sustain", type=float, default=60.0, help="seconds of the sustained run")
     p.add_argument("--rate", type=float, default=0.0,
                    help="the sustained run: traces/s offered, all writers together (0: flat out)")

@@ -37,6 +37,7 @@ def run_writers(
     pin: str | None,
     timeout_s: float,
     on_start: Callable[[int], object] = lambda pid: None,
+    on_ready: Callable[[], object] = lambda: None,
 ) -> list[dict[str, Any]]:
     """One writer process per argument list (``python -m benchmarks.ingest --writer ARGS``);
     their JSON results. Each says "ready" once started (imports, tracer, export child): the
@@ -66,6 +67,7 @@ def run_writers(
                 p.wait()
                 err = p.stderr.read() if p.stderr else ""
                 raise WriterFailed(f"writer {i} failed to start ({p.returncode}): {err[-2000:]}")
+        on_ready()  # every writer started: the measured work begins
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("go\n")

@@ -73,6 +73,9 @@ class TraceConfig:
     # background export
     flush_interval_s: float = 1.0
     export_batch_size: int = 256
+    # a batch waits in the spool up to this long for more to share its export call (one
+    # store transaction); a flush, shutdown or a whole batch sends it at once (0: never waits)
+    export_interval_s: float = 5.0
     export_max_retries: int = 3
     export_timeout_s: float = 30.0  # the default flush() timeout; also per HTTP call
     # shutdown (and interpreter exit) waits at most this long for a backend; what is left

@@ -36,7 +36,8 @@ NON_NEGATIVE_INTS = ("export_max_retries", "max_samples_per_step_per_worker", "l
 POSITIVE_FLOATS = ("flush_interval_s", "replay_interval_s", "export_timeout_s")
 # 0 means something here: shutdown leaves everything to the spool, annotations do not wait,
 # the watchdog is off
-NON_NEGATIVE_FLOATS = ("shutdown_timeout_s", "annotation_timeout_s", "stuck_after_s")
+NON_NEGATIVE_FLOATS = ("export_interval_s", "shutdown_timeout_s", "annotation_timeout_s",
+                       "stuck_after_s")
 # string fields with a fixed set of values
 CHOICES = {"on_backend_error": ("raise", "warn")}
 

@@ -34,12 +34,13 @@ import time
 from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
-from tracer.batch import Batch, Owner
-from tracer.batch_queue import RESPOOL_INTERVAL_S, BatchQueue
+from tracer.batch import Batch, Owner, call_group, wait_to_share_s
+from tracer.batch_queue import RESPOOL_INTERVAL_S
 from tracer.call_window import CallWindow
 from tracer.errors import InternalErrors
 from tracer.outage import OutageLog
 from tracer.record import TrajectoryRecord
+from tracer.settle import SettlingQueue
 from tracer.spool import BackendSpool, read_batch
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ log = logging.getLogger("tracer")
 ORPHAN_SCAN_INTERVAL_S = 30.0
 
 
-class ExportWorker(BatchQueue):
+class ExportWorker(SettlingQueue):
     """One backend's thread, calls and retries over its line of batches; see the module
     docstrings here and in ``tracer.batch_queue``."""
 
@@ -76,6 +77,7 @@ class ExportWorker(BatchQueue):
         self.errors = errors
         self.window = CallWindow(config.replay_interval_s)  # when a call may begin (cond)
         self.retry_wait_since = 0.0  # monotonic start of the wait before a retry, or 0
+        self.flushing = 0  # flush() calls waiting in wait()
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -180,7 +182,10 @@ class ExportWorker(BatchQueue):
                 if self.todo and self.todo[0].waiting:
                     probe_at = self.window.next_call_at(now)  # a probe, while it is down
                     if now >= probe_at:
-                        break
+                        if (linger := self._linger(now)) <= 0:
+                            break
+                        self.cond.wait(linger)
+                        continue
                     self.cond.wait(min(probe_at - now, self.config.replay_interval_s,
                                        RESPOOL_INTERVAL_S))  # fmt: skip
                 else:
@@ -214,9 +219,6 @@ class ExportWorker(BatchQueue):
                         self._settle(batch)
                         self._drop(batch, "spool_lost")
                 return True
-        if lines is None:  # a backend that reads the records: decoded now, not while waiting
-            for record in records:
-                record.materialize()
         with self.file_lock:
             with self.cond:
                 if not batch.waiting or not self._may_call(self.window.call_s()):
@@ -224,74 +226,40 @@ class ExportWorker(BatchQueue):
                     # it stays where it is, untouched (no call was made)
                     self.inflight_since = 0.0
                     return not self.stopping
-                batch.move(Owner.CALL)  # the hand-over: from here only this call settles it
-                path = batch.path
-            if path is not None and self.spool is not None:
-                self._mark(batch, path)
+                group = [batch]
+                if self.todo and self.todo[0] is batch:  # with the batches that share its call
+                    group = call_group(self.todo, self.config.export_batch_size, lines is not None)
+                for b in group:
+                    b.move(Owner.CALL)  # the hand-over: from here only this call settles it
+            for b in group:
+                if b.path is not None and self.spool is not None:
+                    self._mark(b, b.path)
+        if len(group) > 1:  # each was in memory (call_group): one call for all of them
+            records = [r for b in group for r in b.records or ()]
+            lines = [line for b in group for line in b.lines or ()] if lines is not None else None
+        if lines is None:  # a backend that reads the records: decoded now, not while waiting
+            for record in records:
+                record.materialize()
         replay = batch.attempted or not batch.own
-        batch.attempted = True
         retried = self.window.down or (replay and not batch.first_try)
         retries = 0 if retried else self.config.export_max_retries
-        batch.first_try = False
+        for b in group:
+            b.attempted, b.first_try = True, False
         with self._calling:
             result, attempts, stopped, longest = self._export(records, lines, retries, replay)
         with self.file_lock:
-            self._settle_call(batch, result, attempts, stopped, replay, longest)
+            self._settle_call(group, result, attempts, stopped, replay, longest)
         return True
 
-    def _settle_call(self, batch: Batch, result: ExportResult, attempts: int,
-                     cut_short: bool, replay: bool, longest: float) -> None:  # fmt: skip
-        """The call's end (caller holds ``file_lock``): the batch is stored (its spool file
-        goes), refused for good, or back in line, unmarked (in the spool only, when shutdown
-        left it to this call). A batch an earlier call of unknown outcome had stays marked."""
-        with self.cond:
-            path = batch.path
-        if path is not None and self.spool is not None:
-            if result is not ExportResult.FAILURE:
-                self.spool.delete(path)  # before flush() can see this batch as done
-            elif not batch.in_doubt:
-                path = self.spool.unmark(path)
-        with self.cond:
-            self.window.last_probe = time.monotonic()
-            self.inflight_since = 0.0
-            if result is not ExportResult.FAILURE:
-                batch.move(Owner.DONE)
-            if result is ExportResult.FAILURE:
-                batch.path = path
-                if self.abandoned:  # shutdown is over: the spool keeps it, or it is lost
-                    batch.move(Owner.SPOOL if batch.path is not None else Owner.DONE)
-                    if batch.path is None:
-                        self._settle(batch)
-                        self._drop(batch, "unexported_at_exit")
-                    return
-                batch.move(Owner.QUEUE)
-                if cut_short or not self._may_call(0.0):
-                    # shutdown ended the retries (or aborted the call), not the backend
-                    self.outage.stopped_at_shutdown(attempts)
-                    return
-                if self.window.failed(longest, self.window.last_probe):
-                    self.outage.went_down(attempts, self.spool.dir if self.spool else None)
-                return
-            if self.window.worked(longest):
-                self.outage.came_back(self.todo)
-            self._settle(batch)
-            if result is ExportResult.REJECTED:
-                self._drop(batch, "rejected_by_backend")
-                return
-            if batch.own:
-                self.exported += batch.n
-            else:
-                self.orphans_replayed += batch.n
-            if replay:
-                self.replayed += batch.n
-            if batch.in_doubt and not batch.own and not self.deduplicates:
-                self.in_doubt_replayed += batch.n  # an earlier run may have stored them
-                self.outage.replayed_in_doubt(batch.n)
-            self.cond.notify_all()
-
-    def _settle(self, batch: Batch) -> None:
-        super()._settle(batch)
-        self.outage.settled(batch, batch.n)
+    def _linger(self, now: float) -> float:
+        """How long the head of the line waits for more to share its call (caller holds
+        ``cond``; ``tracer.batch.wait_to_share_s``): not while the backend is down, a flush
+        waits or shutdown began."""
+        w, interval = self.window, self.config.export_interval_s
+        if interval <= 0 or w.down or self.flushing or w.close_at or self.stopping:
+            return 0.0
+        return wait_to_share_s(self.todo, self.config.export_batch_size, self.wants_lines,
+                               interval, now)  # fmt: skip
 
     def _export(self, batch: Sequence[TrajectoryRecord], lines: list[bytes] | None,
                 retries: int, replay: bool) -> tuple[ExportResult, int, bool, float]:  # fmt: skip
@@ -334,13 +302,17 @@ class ExportWorker(BatchQueue):
         until ``deadline``. True when none is left waiting."""
         with self.cond:
             self.window.flush_until = max(self.window.flush_until, deadline)
+            self.flushing += 1  # no batch waits for others to share its call meanwhile
             self.cond.notify_all()
-            while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._dead():
-                    return False
-                self.cond.wait(min(left, 0.1))
-            return True
+            try:
+                while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._dead():
+                        return False
+                    self.cond.wait(min(left, 0.1))
+                return True
+            finally:
+                self.flushing -= 1
 
     def closing(self, deadline: float) -> None:
         """Shutdown began and must end by ``deadline`` (monotonic): from now on no call starts
