@@ -77,7 +77,7 @@ class ExportWorker(SettlingQueue):
         self.errors = errors
         self.window = CallWindow(config.replay_interval_s)  # when a call may begin (cond)
         self.retry_wait_since = 0.0  # monotonic start of the wait before a retry, or 0
-        self.flushing = 0  # flush() calls waiting in wait()
+        self.flushing = 0  # flush() calls under way (hurry)
         self.thread: threading.Thread | None = None
         self.stopping = False
         # a spool may hold batches of dead processes: look at once, then every 30 s
@@ -302,17 +302,20 @@ class ExportWorker(SettlingQueue):
         until ``deadline``. True when none is left waiting."""
         with self.cond:
             self.window.flush_until = max(self.window.flush_until, deadline)
-            self.flushing += 1  # no batch waits for others to share its call meanwhile
             self.cond.notify_all()
-            try:
-                while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._dead():
-                        return False
-                    self.cond.wait(min(left, 0.1))
-                return True
-            finally:
-                self.flushing -= 1
+            while any(b.own and b.seq is not None and b.seq <= seq for b in self.todo):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._dead():
+                    return False
+                self.cond.wait(min(left, 0.1))
+            return True
+
+    def hurry(self, by: int) -> None:
+        """A flush began (1) or ended (-1): while one runs, no batch waits for others to share
+        its call (every backend's at once, not only the one ``wait`` is waiting for)."""
+        with self.cond:
+            self.flushing += by
+            self.cond.notify_all()
 
     def closing(self, deadline: float) -> None:
         """Shutdown began and must end by ``deadline`` (monotonic): from now on no call starts
@@ -349,3 +352,14 @@ class ExportWorker(SettlingQueue):
             m[f"{prefix}worker_alive"] = int(not self._dead())
             m[f"{prefix}export_inflight_s"] = round(inflight, 3)
             return m
+
+
+def wait_all(workers: list[ExportWorker], seq: int, deadline: float) -> bool:
+    """``wait`` on every worker, each one hurried (``hurry``) until the last wait ends."""
+    for w in workers:
+        w.hurry(1)
+    try:
+        return all([w.wait(seq, deadline) for w in workers])
+    finally:
+        for w in workers:
+            w.hurry(-1)

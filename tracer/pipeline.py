@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracer.backends.base import Exporter, as_exporter
 from tracer.errors import InternalErrors, log_every, say_at_shutdown
-from tracer.export_worker import ExportWorker
+from tracer.export_worker import ExportWorker, wait_all
 from tracer.keep import KeepRules
 from tracer.live.steps import LiveSteps
 from tracer.processing import Processing
@@ -297,7 +297,7 @@ class Pipeline(Processing):
         if self.keep is not None:  # flush decides: every step held so far is finished
             self._hand_released(self.keep.finish_all())  # the caller's thread
         if started and ok:
-            ok = all([w.wait(target, deadline) for w in self.workers])
+            ok = wait_all(self.workers, target, deadline)
         lost = self._lost_total()
         if lost > self._lost_at_last_flush:
             ok = False
