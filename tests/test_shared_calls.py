@@ -131,8 +131,10 @@ def test_only_fresh_own_batches_in_memory_share_a_call_up_to_the_batch_size() ->
         assert wait_to_share_s([alone], 256, True, 5.0, time.monotonic()) == 0.0
     fresh = _batch(5)
     assert 4.0 < wait_to_share_s([fresh], 256, True, 5.0, time.monotonic()) <= 5.0
-    # a whole call's worth, or a batch behind that cannot share: no wait
-    assert wait_to_share_s([_batch(200), _batch(56)], 256, True, 5.0, time.monotonic()) == 0.0
+    # an eighth of a call's worth already (the call's cost spread thin), or a batch behind
+    # that cannot share: no wait
+    assert wait_to_share_s([_batch(20), _batch(12)], 256, True, 5.0, time.monotonic()) == 0.0
+    assert wait_to_share_s([_batch(20), _batch(11)], 256, True, 5.0, time.monotonic()) > 4.0
     assert wait_to_share_s([_batch(5), tried], 256, True, 5.0, time.monotonic()) == 0.0
 
 
@@ -151,9 +153,9 @@ CRASHING = textwrap.dedent("""
 
     register_backend("mlflow", StoreThenHang)  # the same name: the real spool folder
     tracer.init({"backend": "mlflow", "tracking_uri": uri, "project_name": "shared",
-                 "spool_dir": spool, "export_in_subprocess": False, "export_batch_size": 4,
+                 "spool_dir": spool, "export_in_subprocess": False, "export_batch_size": 32,
                  "flush_interval_s": 0.05, "export_interval_s": 60})
-    for i in range(4):  # four wakes, four batches: the fourth fills a call
+    for i in range(4):  # four wakes, four batches: the fourth makes an eighth of a call
         with tracer.trace_attr(step=0, sample_index=i, rollout_n=0):
             pass
         time.sleep(0.3)
