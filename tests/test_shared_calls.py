@@ -111,9 +111,10 @@ def test_a_waiting_batch_goes_once_the_interval_passes(tmp_path: Path) -> None:
     assert _Calls.sizes == [3] and 0.7 < took < 5, (_Calls.sizes, took)
 
 
-def _batch(n: int, *, own: bool = True, in_memory: bool = True) -> Batch:
+def _batch(n: int, *, own: bool = True, in_memory: bool = True, spooled: bool = True) -> Batch:
     b = Batch(1 if own else None, [object()] * n if in_memory else None, None, n, 100 * n)
     b.lines = [b"{}"] * n if in_memory else None
+    b.path = Path(f"batch-{id(b)}.jsonl") if spooled else None
     return b
 
 
@@ -135,6 +136,9 @@ def test_only_fresh_own_batches_in_memory_share_a_call_up_to_the_batch_size() ->
     # that cannot share: no wait
     assert wait_to_share_s([_batch(20), _batch(12)], 256, True, 5.0, time.monotonic()) == 0.0
     assert wait_to_share_s([_batch(20), _batch(11)], 256, True, 5.0, time.monotonic()) > 4.0
+    # only what the spool holds waits: a batch only memory holds (spool off or full) goes
+    for line in ([_batch(5, spooled=False)], [_batch(5), _batch(5, spooled=False)]):
+        assert wait_to_share_s(line, 256, True, 5.0, time.monotonic()) == 0.0
     assert wait_to_share_s([_batch(5), tried], 256, True, 5.0, time.monotonic()) == 0.0
 
 

@@ -125,15 +125,17 @@ def wait_to_share_s(line: list[Batch], limit: int, with_lines: bool, interval: f
     """How long the head of ``line`` waits for more batches to share its call: until
     ``interval`` seconds after it joined the line, while what waits is small, under an eighth
     of ``limit`` (32 of 256) and all of it fits one call (a head or a batch behind it that
-    cannot share goes at once). Each batch is in the spool before it waits: a crash loses
-    nothing more, and a call (a store transaction) costs about the same for 2 trajectories as
-    for 32; past that its cost is spread thin, and a busy process holding its batches longer
-    (in memory, for its garbage collector to walk) and sending them in bursts lost more than it
-    saved (benchmarks/ingest.py's held run)."""
+    cannot share goes at once). Only batches the spool holds wait (one that only memory holds,
+    spool off or full, goes at once): a crash loses nothing more, and a call (a store
+    transaction) costs about the same for 2 trajectories as for 32; past that its cost is
+    spread thin, and a busy process holding its batches longer (in memory, for its garbage
+    collector to walk) and sending them in bursts lost more than it saved
+    (benchmarks/ingest.py's held run)."""
     head = line[0]
     if not shares_calls(head, with_lines):
         return 0.0
     group = call_group(line, limit, with_lines)
-    if len(group) < len(line) or sum(b.n for b in group) >= max(1, limit // 8):
+    if (len(group) < len(line) or sum(b.n for b in group) >= max(1, limit // 8)
+            or any(b.path is None for b in group)):  # fmt: skip
         return 0.0
     return head.queued_at + interval - now
