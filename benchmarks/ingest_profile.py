@@ -9,10 +9,11 @@ few pages.
 
 - **writer**: what the export child does with a batch, stage by stage, in CPU microseconds a
   trace (``time.process_time``, the best of three rounds; the process's long-lived objects
-  frozen out of the garbage collector's passes, as in the child): read the batch's JSON lines back
-  into records, MLflow's view of them (``mlflow_view``), MLflow's rows (``RowBuilder.trace``;
-  it says how many spans went through MLflow's own attribute translation), the COPY data, and
-  the whole ``BulkWriter.write`` (rows, COPY data and the round trips);
+  frozen out of the garbage collector's passes, and no automatic passes, as in the child): read
+  the batch's JSON lines back into records, MLflow's view of them (``mlflow_view``), MLflow's
+  rows (``RowBuilder.trace``; it says how many spans went through MLflow's own attribute
+  translation), the COPY data, and the whole ``BulkWriter.write`` (rows, COPY data and the
+  round trips);
 - **the rollout process** (``--process``): the same trajectories traced for real by
   ``tracer.init`` with the MLflow backend into the same server (the export child on, as the
   default config runs it), flushed; the CPU of this process (the hot path, the processing
@@ -135,7 +136,9 @@ def _process(uri: str, n: int) -> dict[str, float]:
     from benchmarks.ingest import trace_one, writer_config
     from benchmarks.ingest_procs import tree_cpu_s
 
-    gc.unfreeze()  # a user's process is never frozen: its collector walks everything
+    gc.unfreeze()  # a user's process is never frozen: its collector walks everything,
+    gc.enable()  # and runs as it will, from a full pass (as a process that ran a while: not
+    gc.collect()  # with all that this one made so far pending for its first full pass)
     tracer.init(writer_config(uri, "process", "w0"))
     try:
         ids = list(range(300))
