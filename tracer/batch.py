@@ -21,13 +21,57 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, overload
 
 from tracer.spool import batch_sort_key
 
 if TYPE_CHECKING:
     from tracer.record import TrajectoryRecord
+
+
+class LineRecords(Sequence["TrajectoryRecord"]):
+    """A batch's records read from its lines when asked (each time), for a backend whose
+    lines suffice (``Exporter.lines_suffice``: the export child's proxy reads records only if
+    it must export in this process). Records that wait for export in the user's process are
+    garbage collector work there: ~20 containers a trace, promoted to the oldest generation
+    while they wait, each adding to the next full pass over the whole heap. Lines are bytes,
+    which the collector never walks."""
+
+    __slots__ = ("lines",)
+
+    def __init__(self, lines: Sequence[bytes]) -> None:
+        self.lines = lines
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @overload
+    def __getitem__(self, i: int) -> TrajectoryRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> LineRecords: ...
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return LineRecords(self.lines[i])
+        from tracer.encode import decode_record
+
+        return decode_record(self.lines[i])
+
+    def __iter__(self) -> Iterator[TrajectoryRecord]:
+        from tracer.encode import decode_record
+
+        return map(decode_record, self.lines)
+
+
+def joined_records(
+    parts: Sequence[Sequence[TrajectoryRecord] | None],
+) -> Sequence[TrajectoryRecord]:
+    """The records of batches that share a call, in order (read from none of their lines when
+    each batch has only lines)."""
+    if all(type(p) is LineRecords for p in parts):
+        return LineRecords([line for p in parts for line in p.lines])  # type: ignore[union-attr]
+    return [r for p in parts for r in p or ()]
 
 
 class Owner(enum.Enum):
@@ -59,7 +103,7 @@ class Batch:
     def __init__(
         self,
         seq: int | None,
-        records: list[TrajectoryRecord] | None,
+        records: Sequence[TrajectoryRecord] | None,
         path: Path | None,
         n: int,
         nbytes: int,

@@ -31,6 +31,7 @@ from tracer.errors import log_every, say_at_shutdown
 from tracer.spool import BackendSpool, SpoolError, batch_size, is_in_doubt
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from tracer.config import TraceConfig
@@ -109,7 +110,7 @@ class BatchQueue:
         self.dropped: collections.Counter[str] = collections.Counter()
 
     # into the line ----------------------------------------------------------------------
-    def spool_and_queue(self, seq: int, records: list[TrajectoryRecord],
+    def spool_and_queue(self, seq: int, records: Sequence[TrajectoryRecord],
                         lines: list[bytes] | None, nbytes: int, born_ns: int,
                         first_try: bool) -> None:  # fmt: skip
         """Write a new batch to the spool (when it can), then queue it; ``first_try``: a
@@ -154,7 +155,7 @@ class BatchQueue:
         if path is not None:
             self.respool()  # the disk takes batches again: the older memory-only ones too
 
-    def put_late(self, seq: int, records: list[TrajectoryRecord], lines: list[bytes] | None,
+    def put_late(self, seq: int, records: Sequence[TrajectoryRecord], lines: list[bytes] | None,
                  nbytes: int, born_ns: int, path: Path | None = None,
                  tried: bool = False) -> None:  # fmt: skip
         """A batch handed on after shutdown reported what was left (the processing thread was

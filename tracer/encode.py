@@ -85,3 +85,8 @@ def decode(line: bytes) -> Any:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
         return json.loads(line)
+
+
+def decode_record(line: bytes) -> TrajectoryRecord:
+    """The record a line holds (:func:`encode_record`'s inverse)."""
+    return TrajectoryRecord.from_dict(decode(line))

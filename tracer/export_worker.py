@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tracer.backends.base import Exporter, ExportResult
-from tracer.batch import Batch, Owner, call_group, wait_to_share_s
+from tracer.batch import Batch, LineRecords, Owner, call_group, joined_records, wait_to_share_s
 from tracer.batch_queue import RESPOOL_INTERVAL_S
 from tracer.call_window import CallWindow
 from tracer.errors import InternalErrors
@@ -72,6 +72,8 @@ class ExportWorker(SettlingQueue):
         # a backend whose stored lines outlive the process as a spool file would is written
         # at once by put(), on the caller's thread: one copy of each batch on disk, not two
         self.writes_ahead = self.wants_lines and bool(getattr(exporter, "writes_ahead", False))
+        # its batches wait as lines only: records are read from them if the backend asks
+        self.lines_suffice = self.wants_lines and bool(getattr(exporter, "lines_suffice", False))
         self.deduplicates = bool(getattr(exporter, "deduplicates", True))
         self._calling = threading.Lock()  # one exporter call at a time: the thread's or put()'s
         self.errors = errors
@@ -97,7 +99,7 @@ class ExportWorker(SettlingQueue):
     def put(
         self,
         seq: int,
-        records: list[TrajectoryRecord],
+        records: Sequence[TrajectoryRecord],
         lines: list[bytes] | None,
         nbytes: int,
         born_ns: int = 0,
@@ -106,6 +108,8 @@ class ExportWorker(SettlingQueue):
         backend that ``writes_ahead``, at once when nothing waits before it (only a batch it
         refuses is spooled and queued). ``born_ns``: when its oldest trajectory finished (the
         durability lag's clock)."""
+        if self.lines_suffice and lines:
+            records = LineRecords(lines)
         if self.abandoned:
             self.put_late(seq, records, lines, nbytes, born_ns)
             return
@@ -121,7 +125,7 @@ class ExportWorker(SettlingQueue):
             first_try = True
         self.spool_and_queue(seq, records, lines, nbytes, born_ns, first_try)
 
-    def _write_ahead(self, records: list[TrajectoryRecord],
+    def _write_ahead(self, records: Sequence[TrajectoryRecord],
                      lines: list[bytes]) -> ExportResult | None:  # fmt: skip
         """Export a batch on the caller's thread, once, when no batch waits before it and the
         backend is up; the result, or None when it was not stored (not tried, or it failed:
@@ -235,7 +239,7 @@ class ExportWorker(SettlingQueue):
                 if b.path is not None and self.spool is not None:
                     self._mark(b, b.path)
         if len(group) > 1:  # each was in memory (call_group): one call for all of them
-            records = [r for b in group for r in b.records or ()]
+            records = joined_records([b.records for b in group])
             lines = [line for b in group for line in b.lines or ()] if lines is not None else None
         if lines is None:  # a backend that reads the records: decoded now, not while waiting
             for record in records:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tracer.batch import LineRecords
 from tracer.encode import encode_record
 from tracer.errors import InternalErrors
 from tracer.record import TrajectoryRecord
@@ -28,12 +29,18 @@ if TYPE_CHECKING:
 
 class Processed:
     """What one pass of ``_process`` has so far: records for the workers (with their lines,
-    None where one must be made again) and what it counted already."""
+    None where one must be made again) and what it counted already. ``with_records``: False
+    when every worker takes lines only (``Exporter.lines_suffice``): a record that has its line
+    is not kept (None in ``records``), so it is gone when the next one is built, not kept alive
+    through the rest of the batch (a garbage-collector pass or two in the user's process
+    promoted them to its oldest generation, to be walked again by the next full pass)."""
 
-    __slots__ = ("born", "from_keep", "handed", "lines", "records", "seqs", "settled")
+    __slots__ = ("born", "from_keep", "handed", "lines", "records", "seqs", "settled",
+                 "with_records")  # fmt: skip
 
-    def __init__(self) -> None:
-        self.records: list[TrajectoryRecord] = []
+    def __init__(self, with_records: bool = True) -> None:
+        self.with_records = with_records
+        self.records: list[TrajectoryRecord | None] = []
         self.lines: list[bytes | None] = []
         self.seqs: list[int] = []
         self.born: list[int] = []  # end times of this pass's own trajectories
@@ -43,7 +50,7 @@ class Processed:
 
     def add(self, seq: int, record: TrajectoryRecord, line: bytes | None, born_ns: int) -> None:
         self.seqs.append(seq)
-        self.records.append(record)
+        self.records.append(record if self.with_records or line is None else None)
         self.lines.append(line)
         if born_ns:
             self.born.append(born_ns)
@@ -89,7 +96,7 @@ class Processing:
     def _process(self, batch: list[tuple[int, Trajectory]]) -> None:
         """Sample, build, redact, keep, serialize, hand off: each trajectory taken here ends
         up in a worker or in a drop counter, whatever happens."""
-        out = Processed()
+        out = Processed(with_records=not all(w.lines_suffice for w in self.workers))
         try:
             tokenizer = self.tokenizer()
             self._count_hot_path(batch)
@@ -168,12 +175,13 @@ class Processing:
         """Give the records and their lines to every worker (a line missing is made here)."""
         if not out.records:
             return
-        lines = [line if line is not None else encode_record(record)
+        lines = [line if line is not None else encode_record(record)  # type: ignore[arg-type]
                  for record, line in zip(out.records, out.lines, strict=True)]  # fmt: skip
         nbytes = sum(len(line) for line in lines)
         born_ns = min(out.born) if out.born else time.time_ns()
+        records = out.records if out.with_records else LineRecords(lines)
         for w in self.workers:
-            w.put(min(out.seqs), out.records, lines, nbytes, born_ns)
+            w.put(min(out.seqs), records, lines, nbytes, born_ns)  # type: ignore[arg-type]
             out.handed += 1
 
     def _count_unhanded(self, out: Processed, before_any: int) -> None:

@@ -12,6 +12,9 @@ Everything the pipeline asks of a backend is declared here once, with its defaul
 - ``writes_ahead``: whether a successful ``export_encoded`` leaves the lines in a local file
   that outlives the process as the spool would (JSONL): the pipeline then writes there first,
   on the thread that hands the batch over, and spools only a batch it refuses;
+- ``lines_suffice``: whether ``export_encoded`` needs only the lines (the export child's
+  proxy): its batches then wait as lines, and the records it is given are read from them if
+  it asks (``tracer.batch.LineRecords``);
 - ``deduplicates``: whether a batch sent again adds nothing (True: MLflow, JSONL's readers);
   False for a sink that appends whatever arrives (an OTLP collector): a batch that was in an
   export call at shutdown's deadline may then arrive twice, and the pipeline says so;
@@ -94,6 +97,7 @@ class Exporter:
     spoolable: bool = True
     heavy_export: bool = False
     writes_ahead: bool = False
+    lines_suffice: bool = False
     deduplicates: bool = True
     supports_annotations: bool = False
 

@@ -157,9 +157,9 @@ def store_unavailable(exc: BaseException) -> bool:
 
 
 def _record(line: bytes) -> TrajectoryRecord:
-    from tracer.encode import decode
+    from tracer.encode import decode_record
 
-    return TrajectoryRecord.from_dict(decode(line))
+    return decode_record(line)
 
 
 def _detail(exc: BaseException) -> str:

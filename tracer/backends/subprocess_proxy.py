@@ -96,7 +96,10 @@ def python_executable() -> str:
 class SubprocessExporter(Exporter):
     """An Exporter that forwards ``export`` to the same backend in a child process. With
     ``start=False`` (a forked process) the child starts at the first export; if it cannot,
-    that process exports in-process, with one warning, unless ``export_in_subprocess=True``."""
+    that process exports in-process, with one warning, unless ``export_in_subprocess=True``.
+    The child gets the lines; the records are read only to export in this process."""
+
+    lines_suffice = True
 
     def __init__(
         self, name: str, config: TraceConfig, destination: str, *, start: bool = True,
