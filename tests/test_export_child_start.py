@@ -332,3 +332,55 @@ def test_the_childs_libraries_log_nothing_on_the_users_stderr(
     finally:
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         admin.close()
+
+
+def test_the_users_process_never_imports_the_backends_library(
+    tmp_path: Path, mlflow_uri: str, jobs: list[Job]
+) -> None:
+    """The export child makes the MLflow backend, and only it: the job's process imports
+    neither MLflow nor SQLAlchemy (before, init made the backend here first to see that it
+    starts: ~2,300 modules, ~300,000 objects for the job's garbage collector, ~230 MiB)."""
+    job = Job(tmp_path, mlflow_uri, """
+        import gc
+        exporter = init()
+        trace(0, 10)
+        say(ok=tracer.flush(60), kind=type(exporter).__name__, spool=exporter.spool_key,
+            child=exporter.pid, imported=sorted(m for m in ("mlflow", "sqlalchemy", "polars")
+                                                if m in sys.modules))
+    """)  # fmt: skip
+    jobs.append(job)
+    err = job.finish()
+    assert job.proc.returncode == 0, err
+    assert job.said["ok"] and job.said["kind"] == "SubprocessExporter", err
+    assert job.said["imported"] == []
+    # the spool is named for the store and experiment, as the exporter made here named it
+    assert job.said["spool"].startswith(mlflow_uri) and job.said["spool"].endswith("#1")
+    assert stored(mlflow_uri) == keys(0, 10)
+    wait_gone(job.said["child"])
+
+
+def test_a_backend_the_child_cannot_make_is_an_init_error_with_its_reason(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    """The child's error is the init's, one line, in the backend's own words; with
+    ``on_backend_error='warn'`` the job goes on without the backend."""
+    (tmp_path / "a-file").write_text("")  # the store's folder cannot be made under a file
+    uri = f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"
+    job = Job(tmp_path, uri, """
+        try:
+            init()
+        except tracer.TracerInitError as exc:
+            say(error=str(exc))
+        tracer.init(backend="mlflow", tracking_uri=tracer.get_tracer().config.tracking_uri,
+                    project_name="p", on_backend_error="warn")
+        say(active=tracer.get_tracer().active)
+    """.replace("tracer.get_tracer().config.tracking_uri", repr(uri)))  # fmt: skip
+    jobs.append(job)
+    err = job.finish()
+    assert job.proc.returncode == 0, err
+    said = job.said["error"]
+    assert said.startswith("rollout-tracer: backend 'mlflow' could not start: "), said
+    assert "FileExistsError" in said and "a-file" in said and "\n" not in said, said
+    assert job.said["active"] is False  # no backend left: tracing is off, the job goes on
+    assert "could not start" in err and "on_backend_error='warn'" in err, err
+    assert "Traceback" not in err, err

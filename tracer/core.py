@@ -13,10 +13,10 @@ from typing import Any
 
 from tracer import current
 from tracer.attempts import AttemptCounter, identity_key
-from tracer.backends import check_backends, create_exporter
-from tracer.backends.base import Exporter, as_exporter
+from tracer.backends import check_backends
 from tracer.config import ConfigError, TraceConfig
 from tracer.config_sources import resolve_config, resolve_export_in_subprocess
+from tracer.exporter_source import IMPORT_ERRORS, ExporterSource, start_error_text
 from tracer.sampling import Sampler
 
 log = logging.getLogger("tracer")
@@ -65,21 +65,19 @@ class Tracer:
         in_subprocess = resolve_export_in_subprocess(self.config)  # a bad variable raises here
         for name in self.config.backends:
             try:
-                exporter = create_exporter(name, self.config)
+                source = ExporterSource.start(name, self.config, in_subprocess)
             except ConfigError:
                 raise
             except Exception as exc:
-                msg = (
-                    f"rollout-tracer: backend {name!r} could not start: {type(exc).__name__}: {exc}"
-                )
-                if isinstance(exc, ImportError):
+                why = start_error_text(exc)
+                msg = f"rollout-tracer: backend {name!r} could not start: {why}"
+                if isinstance(exc, ImportError) or why.startswith(IMPORT_ERRORS):
                     msg += f" (install it with: pip install 'rollout-tracer[{name}]')"
                 if self.config.on_backend_error == "raise":
                     raise TracerInitError(msg) from exc
                 log.warning("%s; tracing goes on without it (on_backend_error='warn')", msg)
                 continue
-            factories.append(_ExporterSource(as_exporter(exporter), name, self.config,
-                                            in_subprocess))  # fmt: skip
+            factories.append(source)
         if not factories:
             return self
         self.pipeline = Pipeline(self.config, self.sampler, factories, lambda: self.tokenizer)
@@ -214,66 +212,6 @@ class _NotWatched:
 
 
 _NOT_WATCHED = _NotWatched()
-
-
-class _ExporterSource:
-    """Hands the pipeline its exporter: the one made at init first (so its errors surfaced
-    there), a fresh one on later calls (in a forked child), in a child process when
-    ``export_in_subprocess`` says so (``_in_child``)."""
-
-    def __init__(
-        self, exporter: Exporter, name: str, config: TraceConfig, in_subprocess: bool | None
-    ) -> None:
-        self.exporter: Exporter | None = exporter
-        self.name = name
-        self.config = config
-        self.child_destination: str | None = None  # set once this process exports from a child
-        self.in_subprocess = in_subprocess
-
-    def __call__(self) -> Exporter:
-        exporter, self.exporter = self.exporter, None
-        if exporter is None and self.child_destination is not None:
-            from tracer.backends.subprocess_proxy import SubprocessExporter
-
-            # a forked process: its own child, started by its export worker's thread at the
-            # first export (this runs on the rollout's thread, under the pipeline's lock)
-            return SubprocessExporter(self.name, self.config, self.child_destination,
-                                      start=False, required=self.in_subprocess)  # fmt: skip
-        if exporter is None:
-            exporter = as_exporter(create_exporter(self.name, self.config))
-        if not _in_child(self.in_subprocess, self.name, exporter):
-            return exporter
-        from tracer.backends.subprocess_proxy import SubprocessExporter
-
-        try:
-            child = SubprocessExporter(self.name, self.config, exporter.spool_key)
-        except Exception as exc:
-            if self.in_subprocess:  # asked for: an init error, as any backend's
-                exporter.shutdown()
-                raise
-            log.warning("rollout-tracer: %s exports from this process: its export process "
-                        "did not start (%s: %s)", self.name, type(exc).__name__, exc)
-            return exporter
-        exporter.shutdown()  # it proved the backend starts; the child has its own
-        self.child_destination = exporter.spool_key
-        return child
-
-
-def _in_child(setting: bool | None, name: str, exporter: Exporter) -> bool:
-    """Whether ``exporter``'s exports go to a child process: every spoolable backend's when
-    ``export_in_subprocess`` is True; by default (None) a built-in backend's whose export is
-    heavy Python (MLflow), when the child makes the same exporter from its name (not a
-    subclass or a backend registered in this process only)."""
-    if setting is False or not exporter.spoolable:
-        return False
-    if setting:
-        return True
-    from tracer.backends import builtin_target
-
-    cls = type(exporter)
-    return bool(getattr(cls, "heavy_export", False)) and (
-        builtin_target(name) == f"{cls.__module__}:{cls.__qualname__}"
-    )
 
 
 _lock = threading.Lock()

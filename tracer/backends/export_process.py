@@ -80,7 +80,7 @@ def _serve(channel: Channel) -> None:
     _ignore_terminal_signals()
     freeze_long_lived()
     _one_line_output(f"rollout-tracer export process for {name} (pid {os.getpid()})")
-    channel.send(("ready", None, False), None)
+    channel.send(("ready", exporter.spool_key, False), None)  # names the parent's spool
     while True:
         message = channel.recv(None)
         if message is None:  # the parent's shutdown

@@ -64,6 +64,10 @@ class ExportProcessOutage(ConnectionError):
     """The same, for an error that says the backend is out of reach now (``tracer.outage``)."""
 
 
+class BackendStartError(RuntimeError):
+    """The export process started but could not make its backend; the text is its error."""
+
+
 class ExportProcessLost(ConnectionError):
     """The export process died, missed its deadline or could not start: it was killed, and the
     next export starts another."""
@@ -231,7 +235,9 @@ class SubprocessExporter(Exporter):
             self._channel.send((self.name, self._target, self.config), deadline)
             status, detail, _ = self._channel.recv(deadline)
             if status != "ready":
-                raise RuntimeError(f"export process for {self.name} failed to start: {detail}")
+                raise BackendStartError(detail)
+            if not self.destination and isinstance(detail, str):  # made there only: its name
+                self.destination = detail
         except BaseException:
             self._kill()
             raise
