@@ -100,6 +100,7 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     """One writer process: ``n`` trajectories (or as many as ``seconds`` allow), then flush.
     ``rate``: this writer's trajectories a second (0: as fast as it can);
     ``export_interval_s``: the tracer's (None: its default)."""
+    import gc
     import os
 
     config = writer_config(uri, project, worker)
@@ -108,6 +109,9 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     tracer.init(config)
 
     ids = list(range(300))
+    # as a process that ran a while: what its start made (imports, MLflow's modules) is past
+    # its first full garbage-collector pass, a one-time ~0.2 CPU-s that is not per trace
+    gc.collect()
     print("ready", flush=True)  # every writer started (imports, export child): then all go
     sys.stdin.readline()
     cpu0 = tree_cpu_s(os.getpid())  # this process and its export child, past their start
