@@ -120,7 +120,10 @@ def test_the_child_imports_nothing_from_the_users_folder(
     assert job.said["kind"] == "SubprocessExporter", err
     assert job.said["ok"] and job.said["starts"] == 1, err
     assert "USER FILE" not in err + json.dumps(job.said), err
-    assert "export process" not in err and "Traceback" not in err, err  # the child said nothing
+    # the child said nothing, but for the one line an MLflow the bulk writer was not tested
+    # with earns (the lowest supported MLflow), said once, by the child that makes the backend
+    said = [ln for ln in err.splitlines() if "not using the bulk writer" not in ln]
+    assert not any("export process" in ln for ln in said) and "Traceback" not in err, err
     assert stored(mlflow_uri) == keys(0, 20)
     wait_gone(job.said["child"])
 
