@@ -189,8 +189,9 @@ def ours(record: logging.LogRecord) -> bool:
 class _OneLineOutput:
     """Every logger's handlers write the tracer's own records only, one line each, at WARNING
     and above (a backend's import adds its own handlers, and a library may add one later:
-    :meth:`again` looks once more when the number of loggers changed); an uncaught exception or
-    a warning is one line too."""
+    :meth:`again` looks once more, before any record is handled, when the number of loggers
+    changed); an uncaught exception or a warning is one line too. This process is the
+    tracer's own: its logging is set here, never the user's."""
 
     def __init__(self) -> None:
         self.formatter: OneLine | None = None
@@ -217,6 +218,15 @@ class _OneLineOutput:
         sys.excepthook = excepthook
         threading.excepthook = thread_excepthook
         sys.unraisablehook = unraisablehook
+        # a record of a logger made since the last look (a backend's import, then its first
+        # lines: MLflow's "Creating initial MLflow database tables...") passes the filter first
+        handle = logging.Logger.handle
+
+        def handle_ours(logger: logging.Logger, record: logging.LogRecord) -> None:
+            self.again()
+            handle(logger, record)
+
+        logging.Logger.handle = handle_ours  # type: ignore[method-assign,assignment]
 
     def again(self) -> None:
         loggers = logging.root.manager.loggerDict
