@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from tracer.backends import builtin_target, create_exporter
-from tracer.backends.base import Exporter, as_exporter
+from tracer.backends.base import BackendStartError, Exporter, as_exporter
 
 if TYPE_CHECKING:
     from tracer.config import TraceConfig
@@ -29,7 +29,7 @@ IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
 def start_error_text(exc: BaseException) -> str:
     """An exporter's start error for ``init``'s message: the child's own words (they name the
     error's type already), else the type and the message."""
-    if type(exc).__name__ == "BackendStartError":
+    if isinstance(exc, BackendStartError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
@@ -110,7 +110,7 @@ def _child_first(name: str, config: TraceConfig,
     cls = getattr(importlib.import_module(module), attr)  # ours: no backend library imported
     if not (getattr(cls, "heavy_export", False) and getattr(cls, "spoolable", True)):
         return None, False
-    from tracer.backends.subprocess_proxy import BackendStartError, SubprocessExporter
+    from tracer.backends.subprocess_proxy import SubprocessExporter
 
     try:
         return SubprocessExporter(name, config, ""), True

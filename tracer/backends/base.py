@@ -129,6 +129,11 @@ class Exporter:
         return self.destination or self.name
 
 
+class BackendStartError(RuntimeError):
+    """An export child started but could not make its backend; the text is its error, which
+    names the error's type (tracer/backends/subprocess_proxy.py)."""
+
+
 def as_exporter(obj: Any) -> Exporter:
     """``obj`` itself when it is an ``Exporter``, else an adapter with the defaults above."""
     return obj if isinstance(obj, Exporter) else _Adapted(obj)

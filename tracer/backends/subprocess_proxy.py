@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracer.backends import child_launch
-from tracer.backends.base import Exporter, ExportResult, as_exporter
+from tracer.backends.base import BackendStartError, Exporter, ExportResult, as_exporter
 from tracer.backends.pipe_channel import Channel
 from tracer.config import TraceConfig
 from tracer.errors import log_every
@@ -62,10 +62,6 @@ class ExportProcessError(RuntimeError):
 
 class ExportProcessOutage(ConnectionError):
     """The same, for an error that says the backend is out of reach now (``tracer.outage``)."""
-
-
-class BackendStartError(RuntimeError):
-    """The export process started but could not make its backend; the text is its error."""
 
 
 class ExportProcessLost(ConnectionError):
