@@ -17,9 +17,11 @@ class Lags:
     ``tracer/mlflow/exported``: in the store, committed) was made. Trajectories are stored in
     the order they are made, so the n-th stored is the n-th made."""
 
-    def __init__(self, made_at: list[float], every_s: float = 0.5) -> None:
+    def __init__(self, made_at: list[float], every_s: float = 0.5, stored_before: int = 0
+                 ) -> None:  # fmt: skip
         self.made_at = made_at
-        self.taken: list[tuple[float, int]] = []  # (when, trajectories stored)
+        self.stored_before = stored_before  # stored before the first of ``made_at`` (warm-up)
+        self.taken: list[tuple[float, int]] = []  # (when, the tracer's exported count)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
         self._thread.start()
@@ -35,11 +37,12 @@ class Lags:
     def samples(self, made: float) -> list[tuple[float, float]]:
         """(when, lag in seconds) for each sample while trajectories were being made (the
         drain after the last one is ``drain_s``); a sample before any was stored counts from
-        the first one made."""
+        the first one made. The warm-up's trajectories (``stored_before``) are not counted."""
         out = []
-        for when, stored in self.taken:
+        for when, exported in self.taken:
             if when > made or not self.made_at:
                 continue
+            stored = max(0, exported - self.stored_before)
             newest = self.made_at[stored - 1] if stored else self.made_at[0]
             out.append((round(when, 3), round(max(0.0, when - newest), 3)))
         return out

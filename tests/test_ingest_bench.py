@@ -105,6 +105,11 @@ def test_the_lag_is_since_the_newest_stored_trajectory_was_made() -> None:
     assert summary["p50"] == 1.5 and summary["max"] == 4.0
     assert summary["max_by_tenth"] == [0, 0, 0.5, 0, 0, 0, 1.5, 0, 4.0, 0.5]
     assert lag_summary([[]], start=0.0) == {}
+    # a writer that stored a warm-up trajectory first: the tracer's count includes it
+    warm = Lags([10.0, 11.0, 12.0], every_s=3600, stored_before=1)
+    warm.stop()
+    warm.taken = [(10.5, 1), (11.5, 2), (12.5, 4)]
+    assert warm.samples(made=13.0) == lags.samples(made=13.0)[:3]
 
 
 def test_a_rate_is_held_when_the_store_keeps_up_not_when_it_drains_a_backlog() -> None:
