@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -107,3 +108,71 @@ def temporary_cluster(*databases: str) -> Iterator[Cluster]:
             cluster.run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class Bouncer:
+    """A running PgBouncer: the URIs through it (in the order of the ones it fronts), its pid."""
+
+    uris: list[str]
+    pid: int
+
+
+def pgbouncer_available() -> str:
+    """'' when PgBouncer can be started here, else why not."""
+    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
+        return "PgBouncer is not installed (apt-get install pgbouncer)"
+    return ""
+
+
+@contextmanager
+def pgbouncer(uris: list[str], pool_size: int = 2) -> Iterator[Bouncer]:
+    """PgBouncer in transaction mode in front of the databases of ``uris`` (URIs of one server,
+    ``postgresql+psycopg2://USER@HOST:PORT/DB``, no password: the throwaway server trusts
+    localhost), ``pool_size`` server connections per database: the pooler a job of many
+    writers puts in front of its store. Stopped (by its pid) on exit."""
+    exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    root = Path(tempfile.mkdtemp(prefix="rt-pgbouncer-"))
+    port = _free_port()
+    lines, fronted = ["[databases]"], []
+    for uri in uris:
+        head, name = uri.rsplit("/", 1)
+        user, _, where = head.split("://", 1)[1].rpartition("@")
+        host, db_port = where.rsplit(":", 1)
+        lines.append(f"{name} = host={host} port={db_port} dbname={name} user={user}")
+        fronted.append(f"{head.split('@', 1)[0]}@127.0.0.1:{port}/{name}")
+    lines += ["[pgbouncer]", "listen_addr = 127.0.0.1", f"listen_port = {port}",
+              "unix_socket_dir =", "auth_type = any", "pool_mode = transaction",
+              f"default_pool_size = {pool_size}", "max_client_conn = 5000",
+              f"logfile = {root / 'pgbouncer.log'}",
+              "ignore_startup_parameters = extra_float_digits,options"]  # fmt: skip
+    config = root / "pgbouncer.ini"
+    config.write_text("\n".join(lines) + "\n")
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # PgBouncer refuses root: it switches to PostgreSQL's user itself
+        shutil.chown(root, "postgres")
+        shutil.chown(config, "postgres")
+        as_user = ["-u", "postgres"]
+    proc = subprocess.Popen([exe, *as_user, str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # listening: then it serves
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = root / "pgbouncer.log"
+                said = log.read_text()[-2000:] if log.exists() else ""
+                raise RuntimeError(f"PgBouncer did not start: {said}")
+            time.sleep(0.05)
+        yield Bouncer(fronted, proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+

@@ -88,7 +88,10 @@ def open_bulk_writer(
 
                 query = text("SELECT version_num FROM alembic_version")
                 revision = session.execute(query).scalar()
-                experiment = store.get_experiment(experiment_id)
+            # after the session ends, not inside it: a second connection while the first is
+            # in a transaction takes two of a pooler's server connections (PgBouncer in
+            # transaction mode), and writers that each hold one and wait for another deadlock
+            experiment = store.get_experiment(experiment_id)
         except Exception as exc:  # internals that moved: MLflow's own path still works
             reason = f"cannot use it ({type(exc).__name__}: {exc})"
         else:

@@ -8,8 +8,10 @@ database and runs the migrations too, and all but one fail (``UniqueViolation`` 
 
 So a process opens the store holding a lock that every writer of the same database takes:
 
-- PostgreSQL: a session-level advisory lock (``pg_advisory_lock``) on a connection of its own,
-  held while MLflow opens the store and the experiment is looked up or created. Advisory locks
+- PostgreSQL: a transaction-level advisory lock (``pg_try_advisory_xact_lock``, asked for
+  again until it is free) in a transaction of its own, on a connection of its own, held open
+  while MLflow opens the store and the experiment is looked up or created; so it works behind
+  PgBouncer in transaction mode too, whatever its pool size. Advisory locks
   live in the database, so writers on different hosts wait for each other; one that dies
   releases it with its connection. Once the schema is there, the wait is MLflow's check only.
 - sqlite: an exclusive ``flock`` on a file beside the database (one host by nature).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 
 try:
@@ -36,6 +39,7 @@ log = logging.getLogger("tracer")
 # Another program using the same key only makes the two wait for each other.
 SCHEMA_LOCK_KEY = 0x2D5A_6E31_0B7C_4F19
 LOCK_WAIT_S = 600  # a first open that holds the lock longer than this is stuck, not slow
+LOCK_POLL_S = 0.2  # how often a waiting process asks for the lock again
 
 
 @contextlib.contextmanager
@@ -79,17 +83,28 @@ def _postgres_lock(uri: str) -> Iterator[None]:
             log.debug("rollout-tracer: no schema lock on %s: %s", engine.url, exc)
             yield
             return
+        # The lock is a transaction's, held open while the body runs and ended by its rollback
+        # (or the connection's end); a waiter asks again every LOCK_POLL_S in short
+        # transactions instead of waiting inside one. Behind PgBouncer in transaction mode a
+        # session's lock stays with the server connection, which the next client gets: it was
+        # never released, and every other worker waited LOCK_WAIT_S. A waiter holding its
+        # server connection while it waited would take the one the holder's open needs.
         with conn:
-            conn.execute(sqlalchemy.text(f"SET lock_timeout = '{LOCK_WAIT_S}s'"))
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": SCHEMA_LOCK_KEY})
-            conn.commit()  # the lock is the session's, not the transaction's
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while not conn.execute(
+                sqlalchemy.text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK_KEY}
+            ).scalar():
+                conn.rollback()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the schema lock of {engine.url!r} was held by another process for "
+                        f"{LOCK_WAIT_S} s (pg_advisory_xact_lock key {SCHEMA_LOCK_KEY})"
+                    )
+                time.sleep(LOCK_POLL_S)
             try:
                 yield
             finally:
-                with contextlib.suppress(Exception):  # closing the connection releases it too
-                    conn.execute(
-                        sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": SCHEMA_LOCK_KEY}
-                    )
-                    conn.commit()
+                with contextlib.suppress(Exception):  # the connection's end releases it too
+                    conn.rollback()
     finally:
         engine.dispose()
