@@ -38,6 +38,7 @@ its call, one store transaction).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -201,7 +202,12 @@ def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.postgres import postgres_available, temporary_cluster
+    from benchmarks.postgres import (
+        pgbouncer,
+        pgbouncer_available,
+        postgres_available,
+        temporary_cluster,
+    )
     from tests._servers import start_mlflow_server
 
     if why := postgres_available():
@@ -212,12 +218,22 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                            "warm": not a.cold}
     names = ["server1", "server2", "bulk", "sustain", "held", "fault", "trickle0", "trickle5"]
     with tempfile.TemporaryDirectory(prefix="ingest-") as tmp, \
-            temporary_cluster(*names) as cluster:  # fmt: skip
+            temporary_cluster(*names) as cluster, contextlib.ExitStack() as stack:  # fmt: skip
         db = dict(zip(names, cluster.uris, strict=True))
         pg = cluster.postmaster_pid()
+        pooler = None  # --pgbouncer: the bulk paths' writers go through it
+        if a.pgbouncer:
+            if why := pgbouncer_available():
+                return {"skipped": why}
+            bouncer = stack.enter_context(pgbouncer(cluster.uris, pool_size=a.pgbouncer))
+            db.update((n, u) for n, u in zip(names, bouncer.uris, strict=True)
+                      if not n.startswith("server"))  # fmt: skip
+            pooler, out["pgbouncer"] = bouncer.pid, a.pgbouncer
         if a.pin:
-            subprocess.run(["taskset", "-a", "-cp", "1", str(pg)], check=True,
-                           capture_output=True)  # fmt: skip
+            for pid in (pg, pooler):
+                if pid:
+                    subprocess.run(["taskset", "-a", "-cp", "1", str(pid)], check=True,
+                                   capture_output=True)  # fmt: skip
         pin = "0" if a.pin else None
 
         def record(key: str, r: dict[str, Any]) -> None:
@@ -241,23 +257,24 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 server.stop()
         if "bulk" in only:
             for count in counts:
-                r = measure(db["bulk"], f"w{count}", count, a.n, pin=pin, pg_pid=pg)
+                r = measure(db["bulk"], f"w{count}", count, a.n, pin=pin, pg_pid=pg,
+                            server_pid=pooler)  # fmt: skip
                 out["curve"][f"bulk/{count}"] = r
                 record(f"bulk writers={count}", r)
         if "sustain" in only:
             r = measure(db["sustain"], "sustain", 8, 0, seconds=a.sustain, rate=a.rate, pin=pin,
-                        pg_pid=pg)  # fmt: skip
+                        pg_pid=pg, server_pid=pooler)  # fmt: skip
             out["runs"]["sustain"] = r
             record(f"bulk sustained {a.sustain} s, 8 writers", r)
         if "held" in only:
             r = measure(db["held"], "held", 8, 0, seconds=a.sustain, rate=a.held_rate, pin=pin,
-                        pg_pid=pg)  # fmt: skip
+                        pg_pid=pg, server_pid=pooler)  # fmt: skip
             out["runs"]["held"] = r
             record(f"bulk held at {a.held_rate:g} traces/s offered, {a.sustain} s, 8 writers", r)
         if "trickle" in only:  # a job's many writers, each a trajectory or two a second
             for interval in (0.0, 5.0):  # each batch its own call, as before; the default
                 r = measure(db[f"trickle{interval:.0f}"], "trickle", 16, 0, seconds=a.sustain,
-                            rate=16 * a.trickle_rate, pin=pin, pg_pid=pg,
+                            rate=16 * a.trickle_rate, pin=pin, pg_pid=pg, server_pid=pooler,
                             export_interval_s=interval)  # fmt: skip
                 r["export_interval_s"] = interval
                 out["runs"][f"trickle, export_interval_s={interval:g}"] = r
@@ -316,7 +333,8 @@ def render(r: dict[str, Any]) -> str:
               f"{', writers pinned to CPU 0 and PostgreSQL to CPU 1' if r.get('pin') else ''}. "
               f"Needed: {TARGETS[0]} traces/s at 64 nodes, {TARGETS[1]}-{TARGETS[2]} at 512.", "",
               "| path | writers | traces/s | stored | CPU-s per 1,000 traces: writers | "
-              "PostgreSQL | server |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+              f"PostgreSQL | server{' or PgBouncer' if r.get('pgbouncer') else ''} |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     rows = [(k.split("/")[0], v) for k, v in r["curve"].items()]
     rows += [(f"bulk, {k}", v) for k, v in r["runs"].items()]
     for path, s in rows:
@@ -376,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--held-rate", type=float, default=float(TARGETS[2]),
                    help="the held run: traces/s offered, all writers together")
     p.add_argument("--pin", action="store_true", help="writers on CPU 0, PostgreSQL on CPU 1")
+    p.add_argument("--pgbouncer", type=int, default=0, metavar="N",
+                   help="the bulk paths' writers through PgBouncer (transaction mode, N server "
+                   "connections a database), pinned with PostgreSQL; its CPU in the server column")
     p.add_argument("--cold", action="store_true",
                    help="no warm-up trajectory per writer: its connection's first use counts")
     p.add_argument("--quick", action="store_true",

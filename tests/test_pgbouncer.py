@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("mlflow")
 pytest.importorskip("psycopg2")
 
-from tests.test_bulk_postgres import (  # noqa: E402
+from tests.test_bulk_postgres import (
     TRAJECTORIES_PER_WRITER,
     _bulk_writer,
     _open_store,
