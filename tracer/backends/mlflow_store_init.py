@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import time
 from collections.abc import Iterator
 
@@ -39,7 +40,7 @@ log = logging.getLogger("tracer")
 # Another program using the same key only makes the two wait for each other.
 SCHEMA_LOCK_KEY = 0x2D5A_6E31_0B7C_4F19
 LOCK_WAIT_S = 600  # a first open that holds the lock longer than this is stuck, not slow
-LOCK_POLL_S = 0.2  # how often a waiting process asks for the lock again
+LOCK_POLL_S = (0.05, 1.0)  # a waiting process asks again after this, doubling up to the most
 
 
 @contextlib.contextmanager
@@ -84,13 +85,14 @@ def _postgres_lock(uri: str) -> Iterator[None]:
             yield
             return
         # The lock is a transaction's, held open while the body runs and ended by its rollback
-        # (or the connection's end); a waiter asks again every LOCK_POLL_S in short
+        # (or the connection's end); a waiter asks again (LOCK_POLL_S, doubling) in short
         # transactions instead of waiting inside one. Behind PgBouncer in transaction mode a
         # session's lock stays with the server connection, which the next client gets: it was
         # never released, and every other worker waited LOCK_WAIT_S. A waiter holding its
         # server connection while it waited would take the one the holder's open needs.
         with conn:
             deadline = time.monotonic() + LOCK_WAIT_S
+            wait, jitter = LOCK_POLL_S[0], random.Random()  # its own generator: not the user's
             while not conn.execute(
                 sqlalchemy.text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK_KEY}
             ).scalar():
@@ -100,7 +102,9 @@ def _postgres_lock(uri: str) -> Iterator[None]:
                         f"the schema lock of {engine.url!r} was held by another process for "
                         f"{LOCK_WAIT_S} s (pg_advisory_xact_lock key {SCHEMA_LOCK_KEY})"
                     )
-                time.sleep(LOCK_POLL_S)
+                # thousands of workers of a job wait at its first start: spread their asks
+                time.sleep(wait * (0.5 + jitter.random()))
+                wait = min(wait * 2, LOCK_POLL_S[1])
             try:
                 yield
             finally:
