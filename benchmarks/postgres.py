@@ -175,4 +175,3 @@ def pgbouncer(uris: list[str], pool_size: int = 2) -> Iterator[Bouncer]:
             proc.kill()
             proc.wait()
         shutil.rmtree(root, ignore_errors=True)
-
