@@ -102,7 +102,6 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     ``rate``: this writer's trajectories a second (0: as fast as it can);
     ``export_interval_s``: the tracer's (None: its default)."""
     import gc
-    import os
 
     config = writer_config(uri, project, worker)
     if export_interval_s is not None:
@@ -115,10 +114,10 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     # staging tables, the column types the COPY asks once) is not charged to the measured
     # trajectories; a writer of a real job pays it once in hours. ``--cold`` counts it.
     warmup = 0 if os.environ.get("RT_INGEST_COLD") else 1
-    for _ in range(warmup):
+    if warmup:
         trace_one(-1, ids)  # step -1: apart from the measured steps
-    if warmup and not tracer.flush(timeout_s=300):
-        raise RuntimeError("the warm-up trajectory was not stored in 300 s")
+        if not tracer.flush(timeout_s=300):
+            raise RuntimeError("the warm-up trajectory was not stored in 300 s")
     # as a process that ran a while: what its start made (imports, MLflow's modules) is past
     # its first full garbage-collector pass, a one-time ~0.2 CPU-s that is not per trace
     gc.collect()

@@ -118,9 +118,18 @@ class Bouncer:
     pid: int
 
 
+def _pgbouncer_bin() -> str | None:
+    """PgBouncer's binary: on PATH, else where Debian puts it (``/usr/sbin``, not on every
+    user's PATH)."""
+    found = shutil.which("pgbouncer")
+    if found:
+        return found
+    return "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+
+
 def pgbouncer_available() -> str:
     """'' when PgBouncer can be started here, else why not."""
-    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
+    if _pgbouncer_bin() is None:
         return "PgBouncer is not installed (apt-get install pgbouncer)"
     return ""
 
@@ -131,7 +140,7 @@ def pgbouncer(uris: list[str], pool_size: int = 2) -> Iterator[Bouncer]:
     ``postgresql+psycopg2://USER@HOST:PORT/DB``, no password: the throwaway server trusts
     localhost), ``pool_size`` server connections per database: the pooler a job of many
     writers puts in front of its store. Stopped (by its pid) on exit."""
-    exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    exe = _pgbouncer_bin() or "pgbouncer"  # missing: Popen says so
     root = Path(tempfile.mkdtemp(prefix="rt-pgbouncer-"))
     port = _free_port()
     lines, fronted = ["[databases]"], []
