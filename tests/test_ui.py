@@ -181,7 +181,7 @@ def traced(
 
 # --------------------------------------------------------------------------- stored attributes
 def _ui_accepts(message: dict[str, Any]) -> bool:
-    """MLflow 3.17's UI check for ``mlflow.chat.messages`` entries (isRawModelTraceChatMessage
+    """MLflow 3.17 and 3.18's UI check for ``mlflow.chat.messages`` entries (isRawModelTraceChatMessage
     in model-trace-explorer): a known role, string content, well-formed tool calls."""
     calls = message.get("tool_calls") or []
     return (
@@ -262,13 +262,11 @@ def test_trajectory_in_mlflow_ui(traced: tuple[MlflowServer, str, dict], tmp_pat
             output = long_row.nth(headers.index("Output")).inner_text()
             assert output.endswith("Final answer: \\boxed{8633}"), output[-200:]
 
-            # filter tags.step = '2', the way the UI builds it: Filters > Tag > step = 2
-            page.get_by_role("button", name="Filters").click()
-            page.get_by_role("combobox").filter(has_text="State").first.click()
-            page.get_by_role("option", name="Tag", exact=True).click()
-            page.get_by_placeholder("Tag key").fill("step")
-            page.get_by_placeholder("Value").fill("2")
-            page.get_by_role("button", name="Apply filters").click()
+            # filter on the step tag, as a user does in MLflow 3.18's filter bar (its own
+            # suggestions spell a tag filter so): type it, press Enter
+            page.get_by_placeholder("Add a filter").click()
+            page.keyboard.type("tag.step = '2'")
+            page.keyboard.press("Enter")
             sync_api.expect(rows).to_have_count(len(step2), timeout=WAIT_MS)
             timings["filter"] = time.monotonic() - t0
             cells = [r.get_by_role("cell") for r in rows.all()]
@@ -357,7 +355,7 @@ def test_mlflow_ui_sessions_and_compact_ids(
             text = drawer.inner_text()
             assert not re.search(r"(?:\b\d{2,6},?\s*\n\s*){16}", text), "a raw id list is shown"
 
-            # MLflow 3.17: the Sessions view is the traces list grouped by session
+            # MLflow 3.17 and 3.18: the Sessions view is the traces list grouped by session
             page.goto(f"{server.url}/#/experiments/{exp_id}/traces?groupBy=session")
             for step, sample in groups:
                 sync_api.expect(

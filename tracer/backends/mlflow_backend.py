@@ -14,8 +14,8 @@ spans, tags or duration from a later record with its id, only its reward if it h
 batch that failed between its spans and its rewards); within a batch the first record of an id
 is the one written.
 
-Uses ``TracingClient`` and ``Span(ReadableSpan)``, semi-internal MLflow APIs: the version is
-pinned in pyproject.toml and tests exercise them.
+Uses ``TracingClient`` and ``Span(ReadableSpan)``, semi-internal MLflow APIs: pyproject.toml
+bounds the version (3.14 up to 4) and CI exercises them at both ends of that range.
 """
 
 from __future__ import annotations

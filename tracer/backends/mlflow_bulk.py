@@ -2,7 +2,7 @@
 
 MLflow's own path costs one ``log_spans`` transaction per batch plus one transaction per reward
 (``create_assessment``), and builds every span through OpenTelemetry and MLflow span objects.
-This writer produces, per new trace, the rows that MLflow 3.17's ``SqlAlchemyStore`` writes
+This writer produces, per new trace, the rows that MLflow 3.18's ``SqlAlchemyStore`` writes
 (``_log_spans_once`` + ``create_assessment``; built by :mod:`tracer.backends.mlflow_bulk_rows`)
 into MLflow's own tables: on PostgreSQL by ``COPY`` into staging tables and one ``INSERT ...
 SELECT`` per table (:mod:`tracer.backends.mlflow_bulk_copy`), on sqlite by one multi-row insert
@@ -55,7 +55,7 @@ log = logging.getLogger("tracer")
 # The MLflow versions this writer was tested with (tests/test_mlflow_bulk.py), each with the
 # alembic revision of the tracking schema it creates. Add a version only after those tests
 # pass on it: the writer mirrors private helpers that a release may change without a migration.
-TESTED_VERSIONS: dict[str, str] = {"3.17.2": "dc11669786a5"}
+TESTED_VERSIONS: dict[str, str] = {"3.18.0": "f4a9b2c7d1e6"}
 DIALECTS = ("sqlite", "postgresql")
 
 

@@ -1,32 +1,31 @@
 """What MLflow stores of a span's attributes, without running its translators on every span.
 
-MLflow 3.17's ``translate_span_when_storing`` runs, per span, a dozen OpenTelemetry-convention
+MLflow 3.18's ``translate_span_when_storing`` runs, per span, a dozen OpenTelemetry-convention
 translators (OpenInference, GenAI, Traceloop, ...) over the attributes: each looks for keys of
 its own convention (span kind, token counts, model, message format, tool definitions) and adds
-MLflow's attribute when it finds one; before that, ``sanitize_attributes`` strips one layer of
-JSON from a value encoded twice. On the attributes this tracer writes it finds nothing to add,
-but it costs ~50 us a span, about half of the bulk writer's CPU.
+MLflow's attribute when it finds one. On the attributes this tracer writes it finds nothing to
+add, but it costs ~50 us a span, about half of the bulk writer's CPU.
 
 So a span whose attribute keys are all in :data:`INERT_KEYS` (or start with one of
-:data:`INERT_PREFIXES`), keys no translator of the tested MLflow reads, gets only the
-sanitizing, done here with the same rule; any other span (a user's ``gen_ai.*`` or
+:data:`INERT_PREFIXES`), keys no translator of the tested MLflow reads, stores each value as
+written (its JSON, ``encode_all_json``); any other span (a user's ``gen_ai.*`` or
 ``mlflow.chat.tokenUsage`` attribute, a ``"model"`` in its inputs or outputs, which MLflow
 turns into the span's model) goes through MLflow's own translation. The bulk writer runs only
 on MLflow versions it was tested with; tests/test_mlflow_bulk_attrs.py checks, on that
-version, every inert key against MLflow's translation, with values of every shape.
+version, every inert key against MLflow's translation, with values of every shape. (MLflow
+3.17 also stripped one layer of JSON from a string value that was itself JSON, so a reply
+that looked like JSON came back as an object; 3.18 stores it as the string it was.)
 """
 
 from __future__ import annotations
 
-import json
 from json.encoder import encode_basestring
 from typing import Any
 
 import orjson
 
-from tracer.backends.mlflow_bulk_span import span_dict
+from tracer.backends.mlflow_bulk_span import SPAN_KIND, span_dict
 from tracer.backends.otel_spans import encode_all_json
-from tracer.json_text import JsonText
 
 # Keys this tracer writes (tracer/backends/otel_spans.py, tracer/record_builder.py,
 # tracer/token_text.py, tracer/keep.py, mlflow_view) that none of MLflow's translators reads.
@@ -57,8 +56,6 @@ INERT_KEYS = frozenset(
 )
 INERT_PREFIXES = ("rollout_tracer.", "mlflow.traceTag.")
 _IO_KEYS = ("mlflow.spanInputs", "mlflow.spanOutputs")
-_JSON_SPACE = " \t\n\r"  # what json.loads skips before a value
-_OPENERS = ('"', "[", "{")
 
 
 def stored_attributes(
@@ -111,48 +108,12 @@ _STORED: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 def stored_value(value: Any) -> str:
-    """One attribute as MLflow stores it: its JSON (``encode_all_json``), after
-    ``sanitize_attributes``, which keeps a string that is itself JSON of a string, a list or
-    an object as that JSON (one layer of encoding, not two)."""
+    """One attribute as MLflow stores it: its JSON, as ``encode_all_json`` writes it."""
     if isinstance(value, str):
-        # JSON of a number, true, false or null cannot start with these: MLflow keeps its
-        # encoding, and most strings are decided without parsing them (and JSON the tracer
-        # wrote, a span's full token lists, without parsing it again)
-        if value.lstrip(_JSON_SPACE)[:1] in _OPENERS and (
-            type(value) is JsonText or _is_json(value)
-        ):
-            return value
-        # encode_all_json's encoder writes a str with this one C function (ensure_ascii off)
-        return encode_basestring(value)
-    encoded = encode_all_json("", value)
-    # an object JSON cannot hold is written as its str() (``default=str``): a JSON string
-    return _sanitized(encoded) if encoded[:1] == '"' else encoded
-
-
-def _is_json(text: str) -> bool:
-    """Whether ``json.loads`` (the parser MLflow uses) reads ``text``. orjson first: it reads
-    strict JSON only, a subset of what ``json.loads`` reads, ~4x faster (a generate span's
-    full token lists are kilobytes); what it refuses (NaN, a lone surrogate) goes to
-    ``json.loads``."""
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        try:
-            json.loads(text)
-        except ValueError:  # json.JSONDecodeError: not JSON
-            return False
-    return True
-
-
-def _sanitized(encoded: str) -> str:
-    """``sanitize_attributes`` on one JSON text that starts with a quote."""
-    try:
-        inner = json.loads(encoded)
-        if isinstance(inner, str) and isinstance(json.loads(inner), (str, dict, list)):
-            return inner
-    except ValueError:  # json.JSONDecodeError
-        pass
-    return encoded
+        # encode_all_json's encoder writes a str with this one C function (ensure_ascii off);
+        # a long one (a span's full token lists) by orjson, the same text faster
+        return _long_string(value) if len(value) > _SHORT else encode_basestring(value)
+    return str(encode_all_json("", value))
 
 
 def _long_string(value: str) -> str:
@@ -172,13 +133,13 @@ def content_piece(key: str, stored: str) -> str:
     return f"{encode_basestring(key)}: {text}"
 
 
-def _text(trace_b64: str, span_b64: str, parent: str | None, name: str, start: int,
+def _text(trace_b64: str, span_b64: str, parent: str | None, name: str, kind: str, start: int,
           end: int | None, code: str, message: str, pieces: list[str]) -> str:  # fmt: skip
     q = encode_basestring
     return "".join((
         '{"trace_id": ', q(trace_b64), ', "span_id": ', q(span_b64),
         ', "parent_span_id": ', "null" if parent is None else q(parent),
-        ', "name": ', q(name), ', "start_time_unix_nano": ', str(start),
+        ', "name": ', q(name), ', "kind": ', q(kind), ', "start_time_unix_nano": ', str(start),
         ', "end_time_unix_nano": ', "null" if end is None else str(end),
         ', "events": [], "status": {"code": ', q(code), ', "message": ', q(message),
         '}, "attributes": {', ", ".join(pieces), '}, "links": []}',
@@ -207,7 +168,9 @@ class ContentText:
         """``pieces``: the attributes' pairs (``stored_attributes`` makes them), else made here."""
         name, start, end, parent = (d["name"], d["start_time_unix_nano"],
                                     d["end_time_unix_nano"], d["parent_span_id"])  # fmt: skip
-        if (d["events"] or type(name) is not str or type(start) is not int
+        kind = d.get("kind")
+        if (d["events"] or type(name) is not str or type(kind) is not str
+                or type(start) is not int
                 or (end is not None and type(end) is not int)
                 or (parent is not None and type(parent) is not str)):  # fmt: skip
             return self.encode(d)  # type: ignore[no-any-return]
@@ -216,8 +179,8 @@ class ContentText:
         if pieces is None:
             return self.encode(d)  # type: ignore[no-any-return]
         status = d["status"]
-        return _text(d["trace_id"], d["span_id"], parent, name, start, end, status["code"],
-                     status["message"], pieces)  # fmt: skip
+        return _text(d["trace_id"], d["span_id"], parent, name, kind, start, end,
+                     status["code"], status["message"], pieces)  # fmt: skip
 
     def of_span(self, span: Any, trace_b64: str, span_b64: str, parent_b64: str | None,
                 status: str, attrs: dict[str, str], pieces: list[str]) -> str:  # fmt: skip
@@ -228,8 +191,8 @@ class ContentText:
         if (span.error is not None or type(name) is not str or type(start) is not int
                 or (end is not None and type(end) is not int)):  # fmt: skip
             return self(span_dict(span, trace_b64, span_b64, parent_b64, status, attrs), pieces)
-        return _text(trace_b64, span_b64, parent_b64, name, start, end, f"STATUS_CODE_{status}",
-                     "", pieces)  # fmt: skip
+        return _text(trace_b64, span_b64, parent_b64, name, SPAN_KIND, start, end,
+                     f"STATUS_CODE_{status}", "", pieces)  # fmt: skip
 
     def _attributes(self, attrs: dict[str, Any]) -> list[str] | None:
         memo = self._pieces

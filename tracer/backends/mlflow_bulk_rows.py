@@ -1,6 +1,6 @@
 """The rows MLflow's SQL store holds for one trace, built from a trajectory record.
 
-What MLflow 3.17's ``SqlAlchemyStore._log_spans_once`` and ``create_assessment`` compute for a
+What MLflow 3.18's ``SqlAlchemyStore._log_spans_once`` and ``create_assessment`` compute for a
 trace they create, through MLflow's own helpers (``parts``: see ``mlflow_bulk._MLFLOW_NAMES``):
 the ``trace_info`` row, its tags and request metadata, one ``spans`` row per span (the content
 JSON with MLflow's attribute translation applied) and the reward's ``assessments`` row. No I/O:

@@ -11,6 +11,10 @@ from typing import Any
 
 from tracer.backends.otel_spans import encode_all_json
 
+# the OpenTelemetry kind of every span this tracer writes (its spans are made with the SDK's
+# default), as MLflow 3.18's ``Span.to_dict()`` names it
+SPAN_KIND = "SPAN_KIND_INTERNAL"
+
 
 class SpanDict:
     """What ``translate_span_when_storing`` reads of a span: ``to_dict()``."""
@@ -52,6 +56,7 @@ def span_dict(
         "span_id": span_b64,
         "parent_span_id": parent_b64,
         "name": span.name,
+        "kind": SPAN_KIND,
         "start_time_unix_nano": span.start_ns,
         "end_time_unix_nano": span.end_ns,
         "events": events,

@@ -19,8 +19,10 @@ from typing import Any
 
 from tracer.readers.selection import PAGE_SIZE, Selection
 
-# MLflow 3.17's tracking schema; the bulk writer (tracer/backends/mlflow_bulk.py) writes it too
-TESTED_SCHEMA_REVISIONS = frozenset({"dc11669786a5"})
+# The tracking schema of MLflow 3.18 (f4a9b2c7d1e6; the bulk writer, tracer/backends/
+# mlflow_bulk.py, writes it too) and of 3.17 (dc11669786a5): the three migrations between them
+# add skill-registry tables and change the issues and MCP-server tables, none this reader reads
+TESTED_SCHEMA_REVISIONS = frozenset({"dc11669786a5", "f4a9b2c7d1e6"})
 
 
 class SqliteStore:
