@@ -132,7 +132,8 @@ def test_a_spans_content_is_what_mlflows_encoder_writes() -> None:
 
     def span(attrs: Any, **fields: Any) -> dict[str, Any]:
         d = {"trace_id": "q83vEjRWeJA=", "span_id": "AAAAAAAAAAE=", "parent_span_id": None,
-             "name": "generate", "kind": "SPAN_KIND_INTERNAL", "start_time_unix_nano": 1, "end_time_unix_nano": 2,
+             "name": "generate", "kind": "SPAN_KIND_INTERNAL", "start_time_unix_nano": 1,
+             "end_time_unix_nano": 2,
              "events": [], "status": {"code": "STATUS_CODE_OK", "message": ""},
              "attributes": attrs, "links": []}  # fmt: skip
         d.update(fields)

@@ -181,8 +181,9 @@ def traced(
 
 # --------------------------------------------------------------------------- stored attributes
 def _ui_accepts(message: dict[str, Any]) -> bool:
-    """MLflow 3.17 and 3.18's UI check for ``mlflow.chat.messages`` entries (isRawModelTraceChatMessage
-    in model-trace-explorer): a known role, string content, well-formed tool calls."""
+    """MLflow's UI check (3.17, 3.18) for ``mlflow.chat.messages`` entries
+    (isRawModelTraceChatMessage in model-trace-explorer): a known role, string content,
+    well-formed tool calls."""
     calls = message.get("tool_calls") or []
     return (
         message.get("role") in ("system", "user", "assistant", "tool")
