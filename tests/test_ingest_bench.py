@@ -123,3 +123,29 @@ def test_a_rate_is_held_when_the_store_keeps_up_not_when_it_drains_a_backlog() -
     assert not is_held(run(1098.1, 9.1, 4.1))  # a 5 s run that took 4 s more to store
     assert not is_held(run(1029.3, 123.8, 61.0))  # the writers fell behind, and the store
     assert not is_held(run(1000.0, 61.0, 1.0))  # made less than offered
+
+
+def test_the_counts_sampler_keeps_a_process_that_exited() -> None:
+    """benchmarks/pg_counts.py's Sampler: a child that burns ~0.3 s of CPU and exits before
+    the sampler stops still counts, by both clocks (its last reading is kept)."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.pg_counts import Sampler
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\ninput()\n"
+                              "t = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        sampler = Sampler(lambda: [child.pid], every_s=0.01)
+        time.sleep(0.2)  # its start-up done: it waits for the line
+        sampler.start()
+        child.communicate(b"go\n", timeout=30)  # it burns, then is gone before stop()
+        ticks, run = sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid in sampler.last
+    assert 0.25 < run < 1.0 and 0.2 < ticks < 1.1, (ticks, run)
