@@ -10,10 +10,14 @@ A backend ends with its writer's connection, and its counts go with it (into the
 postmaster's counts of reaped children, which have no run-time twin), so a sampler thread
 reads every PostgreSQL process every 10 ms and keeps each one's first and last readings.
 
-    python -m benchmarks.pg_counts [--plan 1x2400,8x300,1x2400,8x300]
+    python -m benchmarks.pg_counts [--plan 1x2400,8x300,8x300e,1x2400,8x300,8x300e]
 
-``--plan``: runs in order, each ``WRITERSxTRACES`` (traces a writer); writers pinned to CPU 0,
-PostgreSQL to CPU 1, as ``benchmarks.ingest --pin`` does.
+``--plan``: runs in order, each ``WRITERSxTRACES`` (traces a writer) into one experiment, as a
+job's workers write, or with an ``e`` after it each writer into its own experiment; writers
+pinned to CPU 0, PostgreSQL to CPU 1, as ``benchmarks.ingest --pin`` does. It also prints the
+multixacts PostgreSQL made (``pg_stat_slru``'s MultiXactOffset blocks hit): several
+transactions that share-lock one row at once (every foreign-key check of a ``trace_info``,
+``spans`` or ``assessments`` row share-locks its experiment's row) make one.
 """
 
 from __future__ import annotations
@@ -74,31 +78,42 @@ class Sampler:
             self.last[pid] = reading
 
 
+def _multixact_blocks(uri: str) -> int:
+    from benchmarks.ingest_profile import _sql
+
+    [(hit,)] = _sql(uri, "SELECT blks_hit FROM pg_stat_slru WHERE name = 'MultiXactOffset'")
+    return int(hit)
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.ingest_procs import children, run_writers
     from benchmarks.postgres import postgres_available, temporary_cluster
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.pg_counts", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--plan", default="1x2400,8x300,1x2400,8x300")
+    p.add_argument("--plan", default="1x2400,8x300,8x300e,1x2400,8x300,8x300e")
     a = p.parse_args(argv)
     if why := postgres_available():
         print(f"skipped: {why}")
         return 0
-    plan = [tuple(int(x) for x in run.split("x")) for run in a.plan.split(",")]
+    plan = a.plan.split(",")
     with temporary_cluster(*[f"counts{i}" for i in range(len(plan))]) as cluster:
         pg = cluster.postmaster_pid()
         subprocess.run(["taskset", "-a", "-cp", "1", str(pg)], check=True, capture_output=True)
-        print("writers x traces   ms a trace: /proc ticks   scheduler run time   processes")
-        for i, (count, n) in enumerate(plan):
+        print("run        ms a trace: /proc ticks   run time   processes   multixact blocks")
+        for i, run in enumerate(plan):
+            own = run.endswith("e")
+            count, n = (int(x) for x in run.rstrip("e").split("x"))
             sampler = Sampler(lambda: [pg, *children(pg)])
-            args = [[cluster.uris[i], f"counts{count}", str(n), f"w{k}", "0", "0"]
-                    for k in range(count)]  # fmt: skip
+            args = [[cluster.uris[i], f"counts{k}" if own else "counts", str(n), f"w{k}", "0",
+                     "0"] for k in range(count)]  # fmt: skip
+            blocks = _multixact_blocks(cluster.uris[i])
             run_writers(args, pin="0", timeout_s=600, on_ready=sampler.start)
-            ticks, run = sampler.stop()
+            ticks, cpu = sampler.stop()
+            blocks = _multixact_blocks(cluster.uris[i]) - blocks
             traces = count * n
-            print(f"{count:7d} x {n:<6d} {ticks * 1e3 / traces:21.3f} {run * 1e3 / traces:20.3f}"
-                  f" {len(sampler.last):11d}", flush=True)  # fmt: skip
+            print(f"{run:10s} {ticks * 1e3 / traces:21.3f} {cpu * 1e3 / traces:10.3f}"
+                  f" {len(sampler.last):11d} {blocks:18d}", flush=True)  # fmt: skip
     return 0
 
 
