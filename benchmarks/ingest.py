@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", help="write the Markdown section here (default: print it)")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    if a.pgbouncer == 1:  # the schema lock's holder needs a second one (docs/scale-out.md)
+        p.error("--pgbouncer 1: the pool needs at least 2 server connections")
     if a.quick:
         a.n, a.server_n, a.server_writers, a.sustain = 30, 10, "1,4", 5.0
         a.only = a.only.replace("server2,", "")
