@@ -12,7 +12,9 @@ connection while its first was in a transaction could wait for ever on a pool of
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -78,3 +80,72 @@ def test_behind_pgbouncer_writers_open_an_empty_store_at_once_and_store_every_tr
         pids = {c.execute(sqlalchemy.text("SELECT pg_backend_pid()")).scalar() for c in (one, two)}
     engine.dispose()
     assert len(pids) == POOL and seen == ["0"] * POOL
+
+
+def _enters(uri: str, within_s: float) -> tuple[bool, Any]:
+    """Whether a thread gets into ``store_init_lock(uri)`` within ``within_s``; the thread
+    (left waiting when it did not) and its event."""
+    from tracer.backends.mlflow_store_init import store_init_lock
+
+    entered = threading.Event()
+
+    def open_it() -> None:
+        with store_init_lock(uri):
+            entered.set()
+
+    thread = threading.Thread(target=open_it, daemon=True)
+    thread.start()
+    return entered.wait(within_s), (thread, entered)
+
+
+def test_the_schema_lock_is_waited_for_on_an_empty_store_only(fresh_database: str) -> None:  # noqa: F811
+    """Another process holds the schema lock. On the empty database an open waits for it (it
+    would run MLflow's migrations); once MLflow's schema is at its head revision an open goes
+    in at once (MLflow creates nothing then): a job's workers starting again on their store
+    do not open it one at a time, and a pool of 1 behind PgBouncer can open it."""
+    import sqlalchemy
+    from mlflow.tracking import MlflowClient
+
+    from tracer.backends.mlflow_store_init import SCHEMA_LOCK_KEY
+
+    engine = sqlalchemy.create_engine(fresh_database)
+    lock = sqlalchemy.text("SELECT pg_advisory_xact_lock(:k)")
+    try:
+        with engine.connect() as holder:
+            holder.execute(lock, {"k": SCHEMA_LOCK_KEY})
+            went_in, (thread, entered) = _enters(fresh_database, 2.0)
+            assert not went_in  # the empty database: it waits
+            holder.rollback()  # the lock is let go
+        assert entered.wait(30)
+        thread.join(30)
+        MlflowClient(tracking_uri=fresh_database).search_experiments()  # MLflow's schema
+        with engine.connect() as holder:
+            holder.execute(lock, {"k": SCHEMA_LOCK_KEY})
+            went_in, (thread, _) = _enters(fresh_database, 30.0)
+            assert went_in  # the schema is current: no wait
+            holder.rollback()
+        thread.join(30)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.slow(seconds=15)
+def test_a_pool_of_one_opens_a_store_that_has_its_schema(fresh_database: str) -> None:  # noqa: F811
+    """Through PgBouncer with 1 server connection: a store whose schema is made opens (the
+    bulk writer on), and a trace goes in; an empty one needs 2 (docs/scale-out.md)."""
+    from benchmarks.postgres import pgbouncer, pgbouncer_available
+
+    if why := pgbouncer_available():
+        pytest.skip(why)
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=fresh_database).search_experiments()  # MLflow's schema
+    done: list[list[Any]] = []
+    with pgbouncer([fresh_database], pool_size=1) as bouncer:
+        writer = threading.Thread(target=lambda: done.append(
+            _bulk_writer(bouncer.uris[0], "pool-of-one", threading.Barrier(1))), daemon=True)
+        writer.start()
+        writer.join(120)  # bounded: before, its open waited for a second server connection
+    assert done, "the writer did not open the store through a pool of 1 in 120 s"
+    assert len(done[0]) == TRAJECTORIES_PER_WRITER
+    assert len(_stored(fresh_database)) == TRAJECTORIES_PER_WRITER

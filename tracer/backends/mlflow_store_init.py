@@ -11,9 +11,14 @@ So a process opens the store holding a lock that every writer of the same databa
 - PostgreSQL: a transaction-level advisory lock (``pg_try_advisory_xact_lock``, asked for
   again until it is free) in a transaction of its own, on a connection of its own, held open
   while MLflow opens the store and the experiment is looked up or created; so it works behind
-  PgBouncer in transaction mode too, whatever its pool size. Advisory locks
-  live in the database, so writers on different hosts wait for each other; one that dies
-  releases it with its connection. Once the schema is there, the wait is MLflow's check only.
+  PgBouncer in transaction mode too (with at least 2 server connections: the holder's lock
+  keeps one while MLflow opens the store on another). Advisory locks live in the database, so
+  writers on different hosts wait for each other; one that dies releases it with its
+  connection. A database whose schema is already at the installed MLflow's head revision is
+  opened without the lock: MLflow migrates only a database that lacks tables (its default
+  experiment's insert tolerates a second one, and the tracer's experiment creation a lost
+  race), and the hundreds of workers of a job that starts again on its store would otherwise
+  open it one at a time.
 - sqlite: an exclusive ``flock`` on a file beside the database (one host by nature).
 
 A database that cannot be reached for the lock is opened without it: MLflow's own retries and
@@ -28,6 +33,7 @@ import os
 import random
 import time
 from collections.abc import Iterator
+from typing import Any
 
 try:
     import fcntl
@@ -84,6 +90,10 @@ def _postgres_lock(uri: str) -> Iterator[None]:
             log.debug("rollout-tracer: no schema lock on %s: %s", engine.url, exc)
             yield
             return
+        if _schema_is_current(conn):  # nothing to create: no lock, no connection held
+            conn.close()
+            yield
+            return
         # The lock is a transaction's, held open while the body runs and ended by its rollback
         # (or the connection's end); a waiter asks again (LOCK_POLL_S, doubling) in short
         # transactions instead of waiting inside one. Behind PgBouncer in transaction mode a
@@ -112,3 +122,21 @@ def _postgres_lock(uri: str) -> Iterator[None]:
                     conn.rollback()
     finally:
         engine.dispose()
+
+
+def _schema_is_current(conn: Any) -> bool:
+    """Whether the database's MLflow schema is at the installed MLflow's head revision (all
+    of its migrations done); False when there is none yet or it cannot be told."""
+    import sqlalchemy
+
+    try:
+        from mlflow.store.db.utils import _get_latest_schema_revision
+
+        query = sqlalchemy.text("SELECT version_num FROM alembic_version")
+        found = conn.execute(query).scalar()
+        current = found is not None and found == _get_latest_schema_revision()
+    except Exception:  # no alembic_version table yet (an empty database), or MLflow moved it
+        current = False
+    with contextlib.suppress(Exception):
+        conn.rollback()
+    return current
