@@ -1,5 +1,5 @@
-"""JSON as text: :class:`JsonText`, and ``json.JSONEncoder.encode`` with its C encoder built
-once instead of on every call (:func:`encode_function`).
+"""``json.JSONEncoder.encode`` with its C encoder built once instead of on every call
+(:func:`encode_function`).
 
 ``JSONEncoder.encode`` makes a new C encoder each time it is called (``iterencode``: a markers
 dict, a closure, ``json.encoder.c_make_encoder``), about two thirds of the time a small value
@@ -21,15 +21,6 @@ import json
 import json.encoder
 from collections.abc import Callable
 from typing import Any
-
-
-class JsonText(str):
-    """A string the tracer wrote as JSON (``json.loads`` reads it), such as a span's full
-    token lists: a writer that must know whether an attribute's text is JSON (MLflow keeps
-    such text as it is) need not parse a few kilobytes again to find out."""
-
-    __slots__ = ()
-
 
 _PROBE = {"a": [1, 2.5, None, True, "é\n\"x\""], "b": {"c": -0.0}}
 

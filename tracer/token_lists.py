@@ -17,8 +17,6 @@ from typing import Any
 
 import orjson
 
-from tracer.json_text import JsonText
-
 FULL_LISTS_ATTRIBUTE = "rollout_tracer.full_lists"
 MIN_ITEMS = 16  # shorter lists are shown as they are
 EDGE = 5  # values shown at each end
@@ -70,7 +68,7 @@ def compact_lists(value: Any) -> tuple[Any, list[tuple[Path, list[Any]]]]:
     return compacted, taken
 
 
-def compact_view(inputs: Any, outputs: Any) -> tuple[Any, Any, JsonText | None]:
+def compact_view(inputs: Any, outputs: Any) -> tuple[Any, Any, str | None]:
     """:func:`compact_lists` of a span's inputs and outputs, and :func:`encode_full_lists` of
     the lists taken out of them (None when none was), each list's item types looked at once."""
     inputs, taken_in, ints_in = _compact(inputs)
@@ -150,7 +148,7 @@ def _token_list(value: Any) -> bool | None:
 
 
 def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
-                      outputs: list[tuple[Path, list[Any]]]) -> JsonText:  # fmt: skip
+                      outputs: list[tuple[Path, list[Any]]]) -> str:  # fmt: skip
     """One JSON string (a single line in a UI's attribute view) holding both sides:
     ``json.dumps(..., separators=(",", ":"))``. Token ids (ints, ASCII keys) go through orjson,
     which writes them byte for byte the same at about twice the speed (the MLflow export
@@ -160,7 +158,7 @@ def encode_full_lists(inputs: list[tuple[Path, list[Any]]],
 
 
 def _encode(inputs: list[tuple[Path, list[Any]]], outputs: list[tuple[Path, list[Any]]], *,
-            ints_only: bool) -> JsonText:  # fmt: skip
+            ints_only: bool) -> str:  # fmt: skip
     value = {"inputs": inputs, "outputs": outputs}
     if ints_only:
         try:
@@ -169,8 +167,8 @@ def _encode(inputs: list[tuple[Path, list[Any]]], outputs: list[tuple[Path, list
             pass
         else:
             if text.isascii() and b"\\" not in text:  # no string json would escape otherwise
-                return JsonText(text.decode())
-    return JsonText(json.dumps(value, separators=(",", ":")))
+                return text.decode()
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _ints_only(taken: list[tuple[Path, list[Any]]]) -> bool:
