@@ -118,15 +118,22 @@ def leftovers() -> list[int]:
     return found
 
 
+def stat_cpu_s(pid: int, reaped: bool = True) -> float:
+    """CPU seconds of one process by ``/proc/PID/stat``'s tick counts: its own, and with
+    ``reaped`` its reaped children's (the kernel adds them to cutime/cstime). OSError when
+    it is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # after the command: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
+    return sum(int(x) for x in fields[11 : 15 if reaped else 13]) / _TICK
+
+
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process and its descendants: its own, its reaped children's (the
-    kernel adds them to cutime/cstime), and those of its live children, recursively."""
+    """CPU seconds of a process and its descendants: its own, its reaped children's, and
+    those of its live children, recursively."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = stat_cpu_s(pid)
     except OSError:
         return 0.0
-    # after the command: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
-    total = sum(int(x) for x in fields[11:15]) / _TICK
     return total + sum(tree_cpu_s(child) for child in children(pid))
 
 

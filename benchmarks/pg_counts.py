@@ -23,27 +23,27 @@ transactions that share-lock one row at once (every foreign-key check of a ``tra
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-_TICK = os.sysconf("SC_CLK_TCK")
+from benchmarks.ingest_procs import children, run_writers, stat_cpu_s
 
 
 def cpu_clocks(pid: int) -> tuple[float, float]:
-    """(utime + stime from ``/proc/PID/stat`` in seconds, run time from ``schedstat`` in
-    seconds) of one process; OSError when it is gone."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """(its own utime + stime from ``/proc/PID/stat``, its run time from ``schedstat``) of one
+    process, in seconds; OSError when it is gone."""
     run_ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-    return (int(fields[11]) + int(fields[12])) / _TICK, run_ns / 1e9
+    return stat_cpu_s(pid, reaped=False), run_ns / 1e9
 
 
 class Sampler:
-    """Reads ``cpu_clocks`` of the processes ``pids()`` names every ``every_s`` while armed,
-    keeping each one's first and last readings (a process that exits keeps its last)."""
+    """Reads ``cpu_clocks`` of the processes ``pids()`` names every ``every_s`` from
+    ``start()`` to ``stop()``, keeping each one's first and last readings (a process that
+    exits keeps its last)."""
 
-    def __init__(self, pids: object, every_s: float = 0.01) -> None:
+    def __init__(self, pids: Callable[[], list[int]], every_s: float = 0.01) -> None:
         self.pids = pids
         self.every_s = every_s
         self.first: dict[int, tuple[float, float]] = {}
@@ -69,7 +69,7 @@ class Sampler:
             self._read()
 
     def _read(self) -> None:
-        for pid in self.pids():  # type: ignore[operator]
+        for pid in self.pids():
             try:
                 reading = cpu_clocks(pid)
             except (OSError, ValueError, IndexError):
@@ -86,7 +86,6 @@ def _multixact_blocks(uri: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.ingest_procs import children, run_writers
     from benchmarks.postgres import postgres_available, temporary_cluster
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.pg_counts", description=__doc__,

@@ -82,9 +82,8 @@ def test_behind_pgbouncer_writers_open_an_empty_store_at_once_and_store_every_tr
     assert len(pids) == POOL and seen == ["0"] * POOL
 
 
-def _enters(uri: str, within_s: float) -> tuple[bool, Any]:
-    """Whether a thread gets into ``store_init_lock(uri)`` within ``within_s``; the thread
-    (left waiting when it did not) and its event."""
+def _open_in_thread(uri: str) -> tuple[threading.Thread, threading.Event]:
+    """A thread that goes into ``store_init_lock(uri)``, and the event it sets there."""
     from tracer.backends.mlflow_store_init import store_init_lock
 
     entered = threading.Event()
@@ -95,7 +94,7 @@ def _enters(uri: str, within_s: float) -> tuple[bool, Any]:
 
     thread = threading.Thread(target=open_it, daemon=True)
     thread.start()
-    return entered.wait(within_s), (thread, entered)
+    return thread, entered
 
 
 def test_the_schema_lock_is_waited_for_on_an_empty_store_only(fresh_database: str) -> None:  # noqa: F811
@@ -113,16 +112,16 @@ def test_the_schema_lock_is_waited_for_on_an_empty_store_only(fresh_database: st
     try:
         with engine.connect() as holder:
             holder.execute(lock, {"k": SCHEMA_LOCK_KEY})
-            went_in, (thread, entered) = _enters(fresh_database, 2.0)
-            assert not went_in  # the empty database: it waits
+            thread, entered = _open_in_thread(fresh_database)
+            assert not entered.wait(2.0)  # the empty database: it waits
             holder.rollback()  # the lock is let go
         assert entered.wait(30)
         thread.join(30)
         MlflowClient(tracking_uri=fresh_database).search_experiments()  # MLflow's schema
         with engine.connect() as holder:
             holder.execute(lock, {"k": SCHEMA_LOCK_KEY})
-            went_in, (thread, _) = _enters(fresh_database, 30.0)
-            assert went_in  # the schema is current: no wait
+            thread, entered = _open_in_thread(fresh_database)
+            assert entered.wait(30)  # the schema is current: no wait
             holder.rollback()
         thread.join(30)
     finally:

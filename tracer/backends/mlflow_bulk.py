@@ -47,6 +47,7 @@ from typing import Any
 
 from tracer.backends.mlflow_bulk_copy import copy_batch, toast_compression
 from tracer.backends.mlflow_bulk_rows import RowBuilder, TraceRows
+from tracer.backends.mlflow_store_init import schema_revision
 from tracer.credentials import store_address
 from tracer.record import TrajectoryRecord
 
@@ -84,10 +85,7 @@ def open_bulk_writer(
         try:
             parts = _mlflow_parts()
             with store.ManagedSessionMaker() as session:
-                from sqlalchemy import text
-
-                query = text("SELECT version_num FROM alembic_version")
-                revision = session.execute(query).scalar()
+                revision = schema_revision(session)
             # after the session ends, not inside it: a second connection while the first is
             # in a transaction takes two of a pooler's server connections (PgBouncer in
             # transaction mode), and writers that each hold one and wait for another deadlock

@@ -124,16 +124,22 @@ def _postgres_lock(uri: str) -> Iterator[None]:
         engine.dispose()
 
 
+def schema_revision(conn: Any) -> str | None:
+    """The alembic revision MLflow's schema is at, read with ``conn`` (a SQLAlchemy
+    connection or session); raises when the database has no schema yet."""
+    import sqlalchemy
+
+    found = conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
+    return None if found is None else str(found)
+
+
 def _schema_is_current(conn: Any) -> bool:
     """Whether the database's MLflow schema is at the installed MLflow's head revision (all
     of its migrations done); False when there is none yet or it cannot be told."""
-    import sqlalchemy
-
     try:
         from mlflow.store.db.utils import _get_latest_schema_revision
 
-        query = sqlalchemy.text("SELECT version_num FROM alembic_version")
-        found = conn.execute(query).scalar()
+        found = schema_revision(conn)
         current = found is not None and found == _get_latest_schema_revision()
     except Exception:  # no alembic_version table yet (an empty database), or MLflow moved it
         current = False
