@@ -198,6 +198,7 @@ _PACKERS: dict[int, struct.Struct | None] = {
 _HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # signature, flags, extension
 _NULL = struct.pack("!i", -1)
 _LENGTH = struct.Struct("!i")
+_SHORT_TEXT = 64  # a text this long or shorter is packed once a call (copy_binary)
 
 
 def binary_columns(cursor: Any, table: str, columns: Sequence[str]) -> list[Any] | None:
@@ -225,21 +226,32 @@ def copy_binary(
     codec: str = "utf-8",
 ) -> bytes:
     """``rows`` in COPY's binary format: per row the field count, then per field its length
-    (-1: NULL) and its bytes (text in ``codec``, numbers big-endian)."""
+    (-1: NULL) and its bytes (text in ``codec``, numbers big-endian). A short text repeats
+    (a trace's id in each of its spans' rows, a span's name, type and status, a tag's key):
+    its packed field is made once a call and used again (~a fifth of this function's time)."""
     out = [_HEADER]
+    append = out.append
     count = struct.pack("!h", len(columns))
     pairs = list(zip(columns, packers, strict=True))
+    packed: dict[str, bytes] = {}  # short text -> its length and bytes, this call only
     for row in rows:
-        out.append(count)
+        append(count)
         for column, packer in pairs:
             value = row[column]
             if value is None:
-                out.append(_NULL)
+                append(_NULL)
             elif packer is None:
+                if type(value) is str and len(value) <= _SHORT_TEXT:
+                    field = packed.get(value)
+                    if field is None:
+                        data = value.encode(codec)
+                        field = packed[value] = _LENGTH.pack(len(data)) + data
+                    append(field)
+                    continue
                 data = (value if isinstance(value, str) else _plain_text(value)).encode(codec)
-                out.append(_LENGTH.pack(len(data)))
-                out.append(data)
+                append(_LENGTH.pack(len(data)))
+                append(data)
             else:
-                out.append(packer.pack(packer.size - 4, value))
-    out.append(b"\xff\xff")  # the trailer: field count -1
+                append(packer.pack(packer.size - 4, value))
+    append(b"\xff\xff")  # the trailer: field count -1
     return b"".join(out)
