@@ -26,6 +26,7 @@ import orjson
 
 from tracer.backends.mlflow_bulk_span import SPAN_KIND, span_dict
 from tracer.backends.otel_spans import encode_all_json
+from tracer.chat import dumps
 
 # Keys this tracer writes (tracer/backends/otel_spans.py, tracer/record_builder.py,
 # tracer/token_text.py, tracer/keep.py, mlflow_view) that none of MLflow's translators reads.
@@ -85,8 +86,11 @@ def stored_attributes(
                 _STORED[key, value] = stored, piece
                 if len(_STORED) > PIECE_MEMO:
                     _STORED.clear()
-        else:
-            stored = stored_value(value)
+        else:  # a long string or a container: its own text, each time
+            if type(value) is str:
+                stored = _long_string(value) if len(value) > _SHORT else encode_basestring(value)
+            else:
+                stored = dumps(value)  # encode_all_json's text, without its call
             piece = None
         out[key] = stored
         if pieces is not None:

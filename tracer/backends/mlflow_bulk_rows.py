@@ -112,6 +112,10 @@ class RowBuilder:
         """One trace's rows, as ``_log_spans_once`` computes them for a trace it creates."""
         m = self.m
         keys = m.SpanAttributeKey
+        # the keys read of every span, looked up once a trace
+        usage_key, cost_key, model_key, provider_key, type_key = (
+            keys.CHAT_USAGE, keys.LLM_COST, keys.MODEL, keys.MODEL_PROVIDER, keys.SPAN_TYPE)
+        experiment_id, dimension = self.experiment_id, self._model_dimension
         trace_id = self.trace_id_of(record.trace_id)
         trace_b64 = b64(int(record.trace_id, 16), 16)
         spans: list[dict[str, Any]] = []
@@ -147,8 +151,8 @@ class RowBuilder:
                                                       status, attrs, pieces)  # fmt: skip
                 a = attrs
             tree.append((span_id, parent_id, a))
-            has_usage = has_usage or keys.CHAT_USAGE in a
-            has_cost = has_cost or keys.LLM_COST in a
+            has_usage = has_usage or usage_key in a
+            has_cost = has_cost or cost_key in a
             if session_id is None and (
                 sid := a.get(keys.SESSION_ID) or a.get(m.GenAiSemconvKey.CONVERSATION_ID)
             ):
@@ -156,17 +160,18 @@ class RowBuilder:
             if user_id is None and (uid := a.get("user.id")):
                 user_id = m._try_parse_json_string(uid)
             costs: list[float | None] = [None, None, None]  # the span has none: most spans
-            if raw_cost := a.get(keys.LLM_COST):
+            if raw_cost := a.get(cost_key):
                 try:
                     cost = json.loads(raw_cost)
                 except (TypeError, ValueError):
                     cost = {}
                 costs = [m.finite_float_or_none(cost.get(key)) for key in _COST_KEYS]
-            type_value = plain.get(keys.SPAN_TYPE)
+            type_value = plain.get(type_key)
+            model, provider = a.get(model_key), a.get(provider_key)
             spans.append(
                 {
                     "trace_id": trace_id,
-                    "experiment_id": self.experiment_id,
+                    "experiment_id": experiment_id,
                     "span_id": span_id,
                     "parent_span_id": parent_id,
                     "name": span.name,
@@ -178,8 +183,8 @@ class RowBuilder:
                     "input_cost": costs[0],
                     "output_cost": costs[1],
                     "total_cost": costs[2],
-                    "model_name": self._model_dimension(a.get(keys.MODEL)),
-                    "model_provider": self._model_dimension(a.get(keys.MODEL_PROVIDER)),
+                    "model_name": None if model is None else dimension(model),
+                    "model_provider": None if provider is None else dimension(provider),
                 }
             )
             if parent_id is None and root is None:
