@@ -114,7 +114,7 @@ def _copy(
     into = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
     if (packs := packers[key]) is not None:
         data = copy_binary(rows, columns, packs, _codec(cursor))
-        cursor.copy_expert(f"{into} (FORMAT binary)", io.BytesIO(data))
+        cursor.copy_expert(f"{into} (FORMAT binary)", io.BytesIO(data), _CHUNK)
     else:
         cursor.copy_expert(into, io.StringIO(copy_text(rows, columns)))
 
@@ -198,6 +198,10 @@ _PACKERS: dict[int, struct.Struct | None] = {
 _HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # signature, flags, extension
 _NULL = struct.pack("!i", -1)
 _LENGTH = struct.Struct("!i")
+# bytes of COPY data psycopg2 reads and hands to libpq at a time: its default, 8 KiB, made ~100
+# calls and sends a batch of 32 traces (~8 us a trace of the writer's CPU, most of it in the
+# kernel); at most this much is copied once more
+_CHUNK = 1 << 20
 _SHORT_TEXT = 64  # a text this long or shorter is packed once a call (copy_binary)
 
 
