@@ -12,8 +12,8 @@ the figure is all their trajectories over the wall time from the first start to 
 durable one, checked against the store with MLflow's client. Paths:
 
 - **server1**, **server2**: every writer posts to one ``mlflow server`` (1 or 2 workers);
-- **bulk**: every writer writes straight to PostgreSQL with the tracer's bulk writer (COPY into
-  staging tables, one INSERT ... SELECT per table per batch), no server on the write path.
+- **bulk**: every writer writes straight to PostgreSQL with the tracer's bulk writer (one INSERT
+  of the traces, then one COPY per table per batch), no server on the write path.
 
 CPU seconds per 1,000 traces are counted per side: the writers (each writer process and its
 export child), the server (its process tree), PostgreSQL (the postmaster's tree: live backends
@@ -111,7 +111,7 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     ids = list(range(300))
     # the steady state of a long job: one trajectory made and stored before the clock starts,
     # so the connection's first use (PostgreSQL's catalog caches in its new backend, the
-    # staging tables, the column types the COPY asks once) is not charged to the measured
+    # column types the COPY asks once) is not charged to the measured
     # trajectories; a writer of a real job pays it once in hours. ``--cold`` counts it.
     warmup = 0 if os.environ.get("RT_INGEST_COLD") else 1
     if warmup:

@@ -148,7 +148,7 @@ def _stored(uri: str) -> dict[str, tuple[Any, ...]]:
 def test_four_writers_through_the_bulk_path_store_every_trace_once(
     fresh_database: str,
 ) -> None:
-    """4 processes write batches at once by COPY + INSERT ... SELECT; MLflow's client reads every
+    """4 processes write batches at once by INSERT ... VALUES and COPY; MLflow's client reads every
     trace once, with its spans in order under the root and its reward; replaying every batch
     (from one process, then again split differently) adds nothing."""
     from tracer.backends.mlflow_backend import MlflowExporter

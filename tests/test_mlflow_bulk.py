@@ -59,7 +59,10 @@ def _records() -> list[Any]:
         with tracer.trace_attr(step=1 + i // 2, sample_index=i, rollout_n=0, validate=i == 3):
             messages = [
                 {"role": "system", "content": "You are a calculator."},
-                {"role": "user", "content": f"Problem {i}: 2+3 ünïcode?"},
+                # quotes, a backslash, percent signs, a tab and a newline: the preview goes
+                # into an SQL statement as a parameter on PostgreSQL (execute_values)
+                {"role": "user", "content": f"Problem {i}: 2+3 ünïcode? 'it''s' \"q\" a\\b "
+                                            "100% %s %(x)s\ttab\nline"},
             ]
             generate([1, 2, 3, 4], messages)
             parse("CALL calculator 2+3")

@@ -4,9 +4,9 @@ MLflow's own path costs one ``log_spans`` transaction per batch plus one transac
 (``create_assessment``), and builds every span through OpenTelemetry and MLflow span objects.
 This writer produces, per new trace, the rows that MLflow 3.18's ``SqlAlchemyStore`` writes
 (``_log_spans_once`` + ``create_assessment``; built by :mod:`tracer.backends.mlflow_bulk_rows`)
-into MLflow's own tables: on PostgreSQL by ``COPY`` into staging tables and one ``INSERT ...
-SELECT`` per table (:mod:`tracer.backends.mlflow_bulk_copy`), on sqlite by one multi-row insert
-per table:
+into MLflow's own tables: on PostgreSQL by one multi-row ``INSERT`` of the traces, then ``COPY``
+per table (:mod:`tracer.backends.mlflow_bulk_copy`), on sqlite by one multi-row insert per
+table:
 
 - ``trace_info``: timestamp and duration from the spans, state from the root span, request and
   response previews, trace name, session id and token usage / cost columns, payload generation 1;
@@ -216,7 +216,7 @@ class BulkWriter:
             trace_id_of=trace_id_of,
             reward_name=reward_name,
         )
-        # PostgreSQL: COPY into staging tables, then INSERT ... SELECT (mlflow_bulk_copy).
+        # PostgreSQL: one INSERT ... VALUES of the traces, then COPY per table (mlflow_bulk_copy).
         # sqlite: Core inserts with ON CONFLICT DO NOTHING; sqlite3's executemany is one C loop.
         # Core, not the ORM: the ORM's bulk path spent 3x the database's own time building one
         # bind parameter per value.
