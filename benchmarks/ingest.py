@@ -88,12 +88,14 @@ def trace_one(i: int, ids: list[int]) -> None:
         reward("84")
 
 
-def writer_config(uri: str, project: str, worker: str) -> dict[str, Any]:
+def writer_config(uri: str, project: str, worker: str, spool_dir: str) -> dict[str, Any]:
     """The tracer's config in a benchmark writer (benchmarks/ingest_profile.py's too): the
-    MLflow backend and its default export child, no token text, a spool of its own."""
+    MLflow backend and its default export child, no token text, a spool of its own (in a
+    folder the caller removes: ~3,400 left in /tmp by earlier rounds had made creating a
+    file there ~15x dearer, each spooled batch's among them)."""
     return {"backend": "mlflow", "tracking_uri": uri, "project_name": project,
             "worker_id": worker, "token2text": False, "export_timeout_s": 120,
-            "spool_dir": tempfile.mkdtemp(prefix="ingest-spool-")}  # fmt: skip
+            "spool_dir": spool_dir}  # fmt: skip
 
 
 def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: float = 0.0,
@@ -103,7 +105,9 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     ``export_interval_s``: the tracer's (None: its default)."""
     import gc
 
-    config = writer_config(uri, project, worker)
+    # in its working folder, which run_writers made for it and removes (the tracer's default
+    # spool, ./.rollout-tracer/spool, is under the working folder too)
+    config = writer_config(uri, project, worker, os.path.abspath("spool"))
     if export_interval_s is not None:
         config["export_interval_s"] = export_interval_s
     tracer.init(config)

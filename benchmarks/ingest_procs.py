@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ def run_writers(
     prefix = ["taskset", "-c", pin] if pin else []
     procs: list[subprocess.Popen[str]] = []
     tag = f"run{os.getpid()}"  # in every writer's command line: how leftovers() finds them
+    work = tempfile.mkdtemp(prefix="ingest-")  # each writer's working folder (and spool) in it
     try:
         for a in args:
             procs.append(
@@ -56,7 +58,7 @@ def run_writers(
                     stderr=subprocess.PIPE,
                     text=True,
                     env=env,
-                    cwd=tempfile.mkdtemp(prefix="ingest-"),
+                    cwd=tempfile.mkdtemp(prefix="writer-", dir=work),
                     start_new_session=True,  # its own group: stopped as a whole
                 )
             )
@@ -87,6 +89,7 @@ def run_writers(
         return results
     finally:
         stop_groups(procs)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def stop_groups(procs: list[subprocess.Popen[str]], grace_s: float = 5.0) -> None:

@@ -139,7 +139,8 @@ def _process(uri: str, n: int) -> dict[str, float]:
     gc.unfreeze()  # a user's process is never frozen: its collector walks everything,
     gc.enable()  # and runs as it will, from a full pass (as a process that ran a while: not
     gc.collect()  # with all that this one made so far pending for its first full pass)
-    tracer.init(writer_config(uri, "process", "w0"))
+    spool = tempfile.mkdtemp(prefix="ingest-spool-")
+    tracer.init(writer_config(uri, "process", "w0", spool))
     try:
         ids = list(range(300))
         for i in range(50):
@@ -152,6 +153,7 @@ def _process(uri: str, n: int) -> dict[str, float]:
         process, tree = time.process_time() - own0, tree_cpu_s(os.getpid()) - tree0
     finally:
         tracer.shutdown()
+        shutil.rmtree(spool, ignore_errors=True)
     return {"the rollout process": process / n * 1e6,
             "its export child": (tree - process) / n * 1e6, "both": tree / n * 1e6}
 

@@ -1,9 +1,11 @@
 """benchmarks/ingest.py cleans up after itself: a writer that fails stops the others, and no
-process it started is left behind (writers, and their export children)."""
+process it started is left behind (writers, and their export children), nor a folder (their
+working folders and spools)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,9 +30,14 @@ def _descendants_alive(pids: set[int]) -> list[int]:
 
 
 @pytest.mark.slow(seconds=20)
-def test_a_writer_that_fails_stops_the_others_and_nothing_is_left(tmp_path: Path) -> None:
+def test_a_writer_that_fails_stops_the_others_and_nothing_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("mlflow")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    temp = tmp_path / "tmp"  # the writers' working folders and spools go here, then away
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     started: list[int] = []
     args = [[uri, "cleanup", "1000000", f"w{i}", "0"] for i in range(2)]
     args.append([uri, "cleanup", "not-a-number", "w2", "0"])  # fails at its start
@@ -38,6 +45,7 @@ def test_a_writer_that_fails_stops_the_others_and_nothing_is_left(tmp_path: Path
         run_writers(args, pin=None, timeout_s=300, on_start=started.append)
     assert len(started) == 3
     assert leftovers() == []
+    assert list(temp.iterdir()) == []
     assert _descendants_alive(set(started)) == []
     assert all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in started)
 
