@@ -25,7 +25,6 @@ from typing import Any
 import orjson
 
 from tracer.backends.mlflow_bulk_span import SPAN_KIND, span_dict
-from tracer.backends.otel_spans import encode_all_json
 from tracer.chat import dumps
 
 # Keys this tracer writes (tracer/backends/otel_spans.py, tracer/record_builder.py,
@@ -86,11 +85,8 @@ def stored_attributes(
                 _STORED[key, value] = stored, piece
                 if len(_STORED) > PIECE_MEMO:
                     _STORED.clear()
-        else:  # a long string or a container: its own text, each time
-            if type(value) is str:
-                stored = _long_string(value) if len(value) > _SHORT else encode_basestring(value)
-            else:
-                stored = dumps(value)  # encode_all_json's text, without its call
+        else:
+            stored = stored_value(value)
             piece = None
         out[key] = stored
         if pieces is not None:
@@ -117,7 +113,7 @@ def stored_value(value: Any) -> str:
         # encode_all_json's encoder writes a str with this one C function (ensure_ascii off);
         # a long one (a span's full token lists) by orjson, the same text faster
         return _long_string(value) if len(value) > _SHORT else encode_basestring(value)
-    return str(encode_all_json("", value))
+    return dumps(value)  # what encode_all_json returns, without its call
 
 
 def _long_string(value: str) -> str:

@@ -72,9 +72,8 @@ class RowBuilder:
 
     def _model_dimension(self, value: Any) -> str | None:
         """A span's model or provider column, as ``_log_spans_once`` makes it of the
-        attribute (None when the span has none: most spans, and an exception less to raise)."""
-        if value is None:
-            return None
+        attribute (asked only of a span that has one: most spans have none, and MLflow's
+        parse would raise and catch an exception for each)."""
         m = self.m
         return m.bounded_model_dimension(m._try_parse_json_string(value))  # type: ignore[no-any-return]
 
