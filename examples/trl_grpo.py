@@ -13,7 +13,8 @@ line that traces it (``tracer.trl.trace``). Run it as it is, then look at what i
 
 ``--model`` is any causal LM whose chat template renders tools (Qwen2.5/Qwen3 instruct models
 do; ``--chat-template qwen3`` puts one of TRL's bundled templates on a tokenizer whose own does
-not). ``tests/test_trl_modes.py`` runs this file under ``torchrun`` with a tiny random model.
+not). ``tests/test_trl_modes.py`` runs this file under ``accelerate launch`` (two processes) with a
+tiny random model.
 """
 
 from __future__ import annotations
@@ -151,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     trainer.train()
     trainer.save_state()  # output_dir/trainer_state.json: the logged steps, tracer/* included
     tracer.shutdown()  # in every process: what it traced is stored before it exits
+    # then the process group goes, in every process: one left to the interpreter's exit (gloo)
+    # can abort it ("terminate called without an active exception", SIGABRT), which failed
+    # the launcher once in CI. In transformers 5.23, Trainer.end() is this call
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
