@@ -52,7 +52,7 @@ from typing import Any
 import tracer
 from benchmarks.common import count_traces, machine_info
 from benchmarks.ingest_held import Lags, lag_summary
-from benchmarks.ingest_procs import leftovers, run_writers, tree_cpu_s
+from benchmarks.ingest_procs import leftovers, run_writers, stat_cpu_s, tree_cpu_s
 from benchmarks.ingest_report import TARGETS, render
 
 
@@ -128,6 +128,7 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     print("ready", flush=True)  # every writer started (imports, export child): then all go
     sys.stdin.readline()
     cpu0 = tree_cpu_s(os.getpid())  # this process and its export child, past their start
+    own0 = stat_cpu_s(os.getpid(), reaped=False)  # this process alone: the rollout's side
     made_at: list[float] = []  # when each trajectory was made
     lags = Lags(made_at, stored_before=warmup)
     t0 = time.time()
@@ -143,10 +144,11 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     durable = time.time()
     lags.stop()
     cpu = tree_cpu_s(os.getpid()) - cpu0
+    own = stat_cpu_s(os.getpid(), reaped=False) - own0
     m = tracer.metrics()
     tracer.shutdown()
     return {"n": i, "start": t0, "made": made, "durable": durable, "flush_ok": ok,
-            "dropped": m.get("tracer/mlflow/dropped", 0), "cpu_s": cpu,
+            "dropped": m.get("tracer/mlflow/dropped", 0), "cpu_s": cpu, "own_cpu_s": own,
             "lags": lags.samples(made), "warmup": warmup}  # fmt: skip
 
 
@@ -190,6 +192,9 @@ def measure(uri: str, project: str, count: int, n: int, *, seconds: float = 0,
            "flush_ok": all(r["flush_ok"] for r in results),
            "dropped": sum(r["dropped"] for r in results),
            "writer_cpu_s_per_1k": round(sum(r["cpu_s"] for r in results) * k, 2),
+           # of which the rollout processes' own (hot path, processing, export worker); the
+           # rest is their export children's
+           "rollout_cpu_s_per_1k": round(sum(r["own_cpu_s"] for r in results) * k, 2),
            "down_lines": [r["stderr"].count("is down") for r in results],
            "back_lines": [r["stderr"].count(" is back;") for r in results],
            "stderr_first_writer": results[0]["stderr"][-3000:]}  # fmt: skip

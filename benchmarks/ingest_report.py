@@ -49,8 +49,9 @@ def render(r: dict[str, Any]) -> str:
                   f"rollout while it ran: median {lag.get('p50')} s, largest {lag.get('max')} "
                   f"s, largest by tenth of the run {lag.get('max_by_tenth')}: the rate was "
                   f"**{verdict}**; CPU-s per 1,000 traces: writers "
-                  f"{held['writer_cpu_s_per_1k']}, PostgreSQL "
-                  f"{held.get('pg_cpu_s_per_1k')}."]  # fmt: skip
+                  f"{held['writer_cpu_s_per_1k']} (the rollout processes' own "
+                  f"{held.get('rollout_cpu_s_per_1k')}, the rest their export children's), "
+                  f"PostgreSQL {held.get('pg_cpu_s_per_1k')}."]  # fmt: skip
     if "fault" in r["runs"]:
         f = r["runs"]["fault"]
         done = ("restarted once" if f.get("restarted")

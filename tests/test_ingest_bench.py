@@ -69,7 +69,7 @@ def test_a_writers_cpu_counts_a_child_started_by_another_thread() -> None:
     import sys
     import threading
 
-    from benchmarks.ingest_procs import tree_cpu_s
+    from benchmarks.ingest_procs import stat_cpu_s, tree_cpu_s
 
     burn = "import time\nwhile time.process_time() < 0.5: pass\nprint(flush=True)\ntime.sleep(60)"
     children: list[subprocess.Popen[str]] = []
@@ -89,9 +89,12 @@ def test_a_writers_cpu_counts_a_child_started_by_another_thread() -> None:
     child = children[0]
     try:
         before = tree_cpu_s(os.getpid()) - tree_cpu_s(child.pid)
+        own = stat_cpu_s(os.getpid(), reaped=False)
         assert child.stdout is not None and child.stdout.readline() == "\n"  # it burned 0.5 s
         assert tree_cpu_s(child.pid) >= 0.45  # /proc counts in clock ticks
         assert tree_cpu_s(os.getpid()) - before >= 0.45
+        # the held run's rollout column: this process alone, its live child not in it
+        assert stat_cpu_s(os.getpid(), reaped=False) - own < 0.3
     finally:
         child.kill()
         child.wait()
