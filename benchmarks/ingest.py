@@ -32,7 +32,9 @@ The **trickle** run is a job's writers as they are: 16, each making ``--trickle-
 trajectories a second for ``--sustain`` seconds, so each processing wake spools a batch of one
 or two. It runs twice: each batch its own export call (``export_interval_s=0``, as the tracer
 did before that setting) and the default (5 s: a batch waits in the spool for others to share
-its call, one store transaction).
+its call, one store transaction). The **alone** run (``--only alone``, not in the default set)
+is one such writer by itself, as on a node: its core idle between trajectories, which makes a
+trajectory several times dearer than on the trickle's busy core; its CPU a trace is a node's.
 """
 
 from __future__ import annotations
@@ -223,7 +225,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     counts = tuple(int(x) for x in a.writers.split(","))
     out: dict[str, Any] = {"n": a.n, "curve": {}, "runs": {}, "pin": a.pin,
                            "warm": not a.cold}
-    names = ["server1", "server2", "bulk", "sustain", "held", "fault", "trickle0", "trickle5"]
+    names = ["server1", "server2", "bulk", "sustain", "held", "fault", "trickle0", "trickle5",
+             "alone"]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="ingest-") as tmp, \
             temporary_cluster(*names) as cluster, contextlib.ExitStack() as stack:  # fmt: skip
         db = dict(zip(names, cluster.uris, strict=True))
@@ -287,6 +290,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 out["runs"][f"trickle, export_interval_s={interval:g}"] = r
                 record(f"bulk, 16 writers at {a.trickle_rate:g} traces/s each, "
                        f"export_interval_s={interval:g}", r)
+        if "alone" in only:  # one writer at a job's rate, its core idle between trajectories
+            r = measure(db["alone"], "alone", 1, 0, seconds=a.sustain, rate=a.trickle_rate,
+                        pin=pin, pg_pid=pg, server_pid=pooler)  # fmt: skip
+            out["runs"]["alone"] = r
+            record(f"bulk, 1 writer alone at {a.trickle_rate:g} traces/s", r)
         if "fault" in only:
             restarted: list[float] = []
 
