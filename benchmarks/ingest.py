@@ -117,8 +117,8 @@ def writer(uri: str, project: str, n: int, worker: str, seconds: float, rate: fl
     ids = list(range(300))
     # the steady state of a long job: one trajectory made and stored before the clock starts,
     # so the connection's first use (PostgreSQL's catalog caches in its new backend, the
-    # column types the COPY asks once) is not charged to the measured
-    # trajectories; a writer of a real job pays it once in hours. ``--cold`` counts it.
+    # column types the COPY asks once) is not charged to the measured trajectories; a writer
+    # of a real job pays it once in hours. ``--cold`` counts it.
     warmup = 0 if os.environ.get("RT_INGEST_COLD") else 1
     if warmup:
         trace_one(-1, ids)  # step -1: apart from the measured steps
